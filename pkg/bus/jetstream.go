@@ -1,0 +1,68 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LeaseTTL is how long a lease in nexus_leases lives without a refresh.
+const LeaseTTL = 10 * time.Second
+
+// EnsureJetStream creates (or updates) every bucket and stream nexus uses. Only the bus user
+// may do this; services bind to what exists.
+func EnsureJetStream(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	buckets := []jetstream.KeyValueConfig{
+		{Bucket: KVSandboxes, Description: "sandbox registry", History: 5, Storage: jetstream.FileStorage},
+		{Bucket: KVPorts, Description: "port forwards", History: 1, Storage: jetstream.FileStorage},
+		{Bucket: KVSnapshots, Description: "snapshots", History: 1, Storage: jetstream.FileStorage},
+		{Bucket: KVLeases, Description: "caller leases of ephemeral sandboxes", History: 1, TTL: LeaseTTL, Storage: jetstream.FileStorage},
+	}
+	for _, b := range buckets {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, b); err != nil {
+			return fmt.Errorf("jetstream: bucket %s: %w", b.Bucket, err)
+		}
+	}
+	streams := []jetstream.StreamConfig{
+		{
+			Name: StreamAudit, Description: "every egress decision", Subjects: []string{AuditPrefix + ".>"},
+			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Discard: jetstream.DiscardOld,
+			MaxAge: 30 * 24 * time.Hour, MaxBytes: 1 << 30, Duplicates: 2 * time.Minute,
+		},
+		{
+			Name: StreamEvents, Description: "lifecycle, listener and port events", Subjects: []string{EventsPrefix + ".>"},
+			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Discard: jetstream.DiscardOld,
+			MaxAge: 7 * 24 * time.Hour, MaxBytes: 256 << 20,
+		},
+	}
+	for _, s := range streams {
+		if _, err := js.CreateOrUpdateStream(ctx, s); err != nil {
+			return fmt.Errorf("jetstream: stream %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// KV binds to one of nexus's buckets, which the bus created.
+func KV(ctx context.Context, nc *nats.Conn, bucket string) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("jetstream: bucket %s does not exist: is the bus from this nexus version?", bucket)
+		}
+		return nil, fmt.Errorf("jetstream: bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}

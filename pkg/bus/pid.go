@@ -1,0 +1,5 @@
+package bus
+
+import "os"
+
+func pid() int { return os.Getpid() }

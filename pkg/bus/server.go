@@ -1,0 +1,167 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// DefaultPort is where the bus listens unless told otherwise. It is not NATS's 4222 so that a
+// nexus bus and an operator's own NATS server can share a machine.
+const DefaultPort = 4244
+
+// ServerConfig configures the embedded bus.
+type ServerConfig struct {
+	Home home.Dir
+	Host string // default 127.0.0.1; the bus never listens beyond loopback unless told to
+	Port int    // 0 picks DefaultPort; -1 picks a random free port (tests)
+	Log  zerolog.Logger
+}
+
+// Server is the embedded nats-server with JetStream and per-service users.
+type Server struct {
+	ns   *server.Server
+	lock *os.File
+	url  string
+	home home.Dir
+}
+
+// ErrAlreadyRunning is returned when another process already runs the bus for this home.
+var ErrAlreadyRunning = errors.New("bus already running")
+
+// StartServer starts the bus: credentials, JetStream store under $NEXUS_HOME/bus, streams and
+// buckets. It holds an exclusive lock so a second bus for the same home refuses to start.
+func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	port := cfg.Port
+	switch port {
+	case 0:
+		port = DefaultPort
+	case -1:
+		port = server.RANDOM_PORT
+	}
+	if err := cfg.Home.Ensure(); err != nil {
+		return nil, errdefs.Invalid("%s", err.Error())
+	}
+	if err := os.MkdirAll(cfg.Home.Bus(), 0o700); err != nil {
+		return nil, errdefs.Invalid("bus: %v", err)
+	}
+	lock, err := lockFile(filepath.Join(cfg.Home.Bus(), "bus.lock"))
+	if err != nil {
+		url, _ := ReadURL(cfg.Home)
+		return nil, fmt.Errorf("%w: a nexus bus is already running for %s at %s", ErrAlreadyRunning, cfg.Home, url)
+	}
+	creds, err := ensureCreds(cfg.Home.BusCreds())
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	opts := &server.Options{
+		ServerName: "nexus",
+		Host:       cfg.Host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(cfg.Home.Bus(), "jetstream"),
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 8 << 20,
+		// JetStream's own limits: the audit stream is bounded by age and bytes (jetstream.go).
+		JetStreamMaxMemory: 256 << 20,
+		JetStreamMaxStore:  8 << 30,
+	}
+	for _, u := range Users {
+		opts.Users = append(opts.Users, &server.User{Username: u, Password: creds[u].Password, Permissions: permissions(u)})
+	}
+	if port != server.RANDOM_PORT {
+		// Say clearly that the port is taken rather than letting nats-server log and exit.
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port)))
+		if err != nil {
+			lock.Close()
+			return nil, errdefs.Unavailable("bus: cannot listen on %s:%d: the port is in use (set NEXUS_BUS_PORT to choose another)", cfg.Host, port)
+		}
+		ln.Close()
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("bus: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(15 * time.Second) {
+		ns.Shutdown()
+		lock.Close()
+		return nil, errdefs.Unavailable("bus: the server did not become ready on %s:%d", cfg.Host, port)
+	}
+	s := &Server{ns: ns, lock: lock, url: ns.ClientURL(), home: cfg.Home}
+	if err := writeFileAtomic(urlPath(cfg.Home), []byte(s.url+"\n"), 0o600); err != nil {
+		s.Shutdown()
+		return nil, fmt.Errorf("bus: %w", err)
+	}
+	nc, err := Connect(ctx, ConnectConfig{Home: cfg.Home, User: UserBus, URL: s.url})
+	if err != nil {
+		s.Shutdown()
+		return nil, err
+	}
+	defer nc.Close()
+	if err := EnsureJetStream(ctx, nc); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+// URL is the client URL of the running bus.
+func (s *Server) URL() string { return s.url }
+
+// Shutdown stops the server, flushing JetStream, and releases the lock.
+func (s *Server) Shutdown() {
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+	os.Remove(urlPath(s.home))
+	s.lock.Close()
+}
+
+func urlPath(h home.Dir) string { return filepath.Join(h.Bus(), "url") }
+
+// ReadURL returns the URL the running bus wrote, NEXUS_BUS_URL when set, or the default.
+func ReadURL(h home.Dir) (string, error) {
+	if v := os.Getenv("NEXUS_BUS_URL"); v != "" {
+		return v, nil
+	}
+	b, err := os.ReadFile(urlPath(h))
+	if err == nil {
+		if u := strings.TrimSpace(string(b)); u != "" {
+			return u, nil
+		}
+	}
+	return fmt.Sprintf("nats://127.0.0.1:%d", DefaultPort), err
+}
+
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, err
+	}
+	f.Truncate(0)
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return f, nil
+}

@@ -1,0 +1,172 @@
+package bus
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Bus users. Every process connects as its own user; credentials are generated on the first
+// start of the bus (0600 files under $NEXUS_HOME/bus/creds) and never leave the machine.
+const (
+	UserAdmin      = "admin" // ops: the nats CLI; everything
+	UserBus        = "bus"   // the bus process itself: stream and bucket setup
+	UserGateway    = "gateway"
+	UserVMM        = "vmm"
+	UserNetstack   = "netstack"
+	UserMITM       = "mitm"
+	UserCredbroker = "credbroker"
+	UserGitrelay   = "gitrelay"
+	UserPortfwd    = "portfwd"
+	UserCLI        = "cli" // the nexus CLI and the MCP server: the gateway's API only
+)
+
+// Users lists every bus user.
+var Users = []string{UserAdmin, UserBus, UserGateway, UserVMM, UserNetstack, UserMITM, UserCredbroker, UserGitrelay, UserPortfwd, UserCLI}
+
+// Creds is one user's credentials file.
+type Creds struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+}
+
+// jsRead lets a client use JetStream streams and buckets that exist (info, direct gets,
+// consumers, acks) without creating, deleting or purging any.
+var jsRead = []string{
+	"$JS.API.INFO",
+	"$JS.API.STREAM.INFO.*",
+	"$JS.API.STREAM.NAMES",
+	"$JS.API.STREAM.MSG.GET.*",
+	"$JS.API.DIRECT.GET.>",
+	"$JS.API.CONSUMER.>",
+	"$JS.ACK.>",
+	"$JS.FC.>",
+}
+
+// permissions is the least-privilege table: what each user may publish and subscribe to.
+// Replies to requests a user received are always allowed (allow_responses).
+func permissions(user string) *server.Permissions {
+	inbox := InboxPrefix(user) + ".>"
+	p := func(pub, sub []string) *server.Permissions {
+		return &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: pub},
+			Subscribe: &server.SubjectPermission{Allow: append(sub, inbox)},
+			Response:  &server.ResponsePermission{MaxMsgs: 1 << 20, Expires: 0},
+		}
+	}
+	with := func(base []string, more ...string) []string { return append(append([]string{}, base...), more...) }
+	switch user {
+	case UserAdmin:
+		return nil // all subjects
+	case UserBus:
+		return p(with(jsRead, "$JS.API.>", "$SRV.>"), []string{"$SRV.>"})
+	case UserGateway:
+		perm := p(with(jsRead,
+			VMMPrefix+".>", NetstackPrefix+".>", MITMPrefix+".>", CredPrefix+".>", GitrelayPrefix+".>", PortfwdPrefix+".>",
+			EventsPrefix+".>", StreamPrefix+".>", AuditPrefix+".>",
+			"$KV."+KVSandboxes+".>", "$KV."+KVLeases+".>", "$KV."+KVSnapshots+".>", "$SRV.>"),
+			[]string{GatewayPrefix + ".>", EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
+		perm.Publish.Deny = []string{CredResolve}
+		return perm
+	case UserVMM:
+		return p(with(jsRead, EventsPrefix+".>", StreamPrefix+".*.out", "$KV."+KVSnapshots+".>", "$SRV.>"),
+			[]string{VMMPrefix + ".>", StreamPrefix + ".*.in", "$SRV.>"})
+	case UserNetstack:
+		return p(with(jsRead, AuditPrefix+".egress.>", EventsPrefix+".>", "$SRV.>"),
+			[]string{NetstackPrefix + ".>", "$SRV.>"})
+	case UserMITM:
+		return p(with(jsRead, CredResolve, AuditPrefix+".egress.>", "$SRV.>"),
+			[]string{MITMPrefix + ".>", "$SRV.>"})
+	case UserCredbroker:
+		return p(with(jsRead, AuditPrefix+".egress.>", "$SRV.>"),
+			[]string{CredPrefix + ".>", "$SRV.>"})
+	case UserGitrelay:
+		return p(with(jsRead, AuditPrefix+".egress.>", "$SRV.>"),
+			[]string{GitrelayPrefix + ".>", "$SRV.>"})
+	case UserPortfwd:
+		return p(with(jsRead, EventsPrefix+".ports.>", "$KV."+KVPorts+".>", "$SRV.>"),
+			[]string{PortfwdPrefix + ".>", EventsPrefix + ".>", "$SRV.>"})
+	case UserCLI:
+		return p(with(jsRead, GatewayPrefix+".>", StreamPrefix+".*.in", "$SRV.>"),
+			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
+	}
+	// Unknown users get nothing at all.
+	return p([]string{}, []string{})
+}
+
+// InboxPrefix is the user's private reply prefix: no user can subscribe to another's replies.
+func InboxPrefix(user string) string { return "_INBOX_" + user }
+
+func credsPath(dir, user string) string { return filepath.Join(dir, user+".json") }
+
+// ensureCreds loads every user's credentials from dir, generating missing ones (0600, atomic).
+func ensureCreds(dir string) (map[string]Creds, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("bus credentials: %w", err)
+	}
+	out := make(map[string]Creds, len(Users))
+	for _, u := range Users {
+		c, err := LoadCreds(dir, u)
+		if err == nil {
+			out[u] = c
+			continue
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		buf := make([]byte, 32)
+		if _, err := rand.Read(buf); err != nil {
+			return nil, fmt.Errorf("bus credentials: %w", err)
+		}
+		c = Creds{User: u, Password: hex.EncodeToString(buf)}
+		b, _ := json.Marshal(c)
+		if err := writeFileAtomic(credsPath(dir, u), b, 0o600); err != nil {
+			return nil, fmt.Errorf("bus credentials: %w", err)
+		}
+		out[u] = c
+	}
+	return out, nil
+}
+
+// LoadCreds reads one user's credentials file.
+func LoadCreds(dir, user string) (Creds, error) {
+	b, err := os.ReadFile(credsPath(dir, user))
+	if err != nil {
+		return Creds{}, err
+	}
+	var c Creds
+	if err := json.Unmarshal(b, &c); err != nil || c.User != user || c.Password == "" {
+		return Creds{}, fmt.Errorf("bus credentials %s are damaged; remove the file and restart the bus", credsPath(dir, user))
+	}
+	return c, nil
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
