@@ -41,11 +41,13 @@ func (e *classed) Is(target error) bool { return target == e.class }
 // New returns an error whose Error() is msg and which errors.Is the given class.
 func New(class error, msg string) error { return &classed{class: class, msg: msg} }
 
-func Invalid(format string, a ...any) error     { return New(ErrInvalid, fmt.Sprintf(format, a...)) }
-func NotFound(format string, a ...any) error    { return New(ErrNotFound, fmt.Sprintf(format, a...)) }
-func Conflict(format string, a ...any) error    { return New(ErrConflict, fmt.Sprintf(format, a...)) }
-func Refused(format string, a ...any) error     { return New(ErrRefused, fmt.Sprintf(format, a...)) }
-func Unavailable(format string, a ...any) error { return New(ErrUnavailable, fmt.Sprintf(format, a...)) }
+func Invalid(format string, a ...any) error  { return New(ErrInvalid, fmt.Sprintf(format, a...)) }
+func NotFound(format string, a ...any) error { return New(ErrNotFound, fmt.Sprintf(format, a...)) }
+func Conflict(format string, a ...any) error { return New(ErrConflict, fmt.Sprintf(format, a...)) }
+func Refused(format string, a ...any) error  { return New(ErrRefused, fmt.Sprintf(format, a...)) }
+func Unavailable(format string, a ...any) error {
+	return New(ErrUnavailable, fmt.Sprintf(format, a...))
+}
 
 // Code maps an error to its wire code; unclassified errors are internal.
 func Code(err error) string {

@@ -1,0 +1,200 @@
+// Package gateway is the front of nexus: the sandbox registry, the orchestration of create and
+// remove across services, and the bus API that the CLI and the MCP server call.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// Registry is the sandbox registry in KV nexus_sandboxes: one key per sandbox name, every
+// update checked against the revision it was read at, every state change an event.
+type Registry struct {
+	kv  jetstream.KeyValue
+	js  jetstream.JetStream
+	now func() time.Time
+}
+
+// NewRegistry binds to the registry bucket.
+func NewRegistry(ctx context.Context, nc *nats.Conn) (*Registry, error) {
+	kv, err := bus.KV(ctx, nc, bus.KVSandboxes)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	return &Registry{kv: kv, js: js, now: time.Now}, nil
+}
+
+// NewID returns a fresh sandbox id: short, random, safe in subjects and paths.
+func NewID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "sb-" + hex.EncodeToString(b)
+}
+
+// Create stores a new record in state created. A taken name is a conflict.
+func (r *Registry) Create(ctx context.Context, sb *api.Sandbox) error {
+	now := r.now().UTC()
+	sb.State = api.StateCreated
+	sb.CreatedAt, sb.UpdatedAt = now, now
+	if sb.ID == "" {
+		sb.ID = NewID()
+	}
+	b, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	rev, err := r.kv.Create(ctx, sb.Name, b)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return errdefs.Conflict("sandbox %s already exists", sb.Name)
+		}
+		return fmt.Errorf("registry: create %s: %w", sb.Name, err)
+	}
+	sb.Revision = rev
+	r.event(ctx, sb, "", api.StateCreated, "")
+	return nil
+}
+
+// Get reads one record.
+func (r *Registry) Get(ctx context.Context, name string) (*api.Sandbox, error) {
+	e, err := r.kv.Get(ctx, name)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, errdefs.NotFound("no sandbox named %s", name)
+		}
+		return nil, fmt.Errorf("registry: get %s: %w", name, err)
+	}
+	var sb api.Sandbox
+	if err := json.Unmarshal(e.Value(), &sb); err != nil {
+		return nil, fmt.Errorf("registry: record %s is damaged: %w", name, err)
+	}
+	sb.Revision = e.Revision()
+	return &sb, nil
+}
+
+// List returns the records matching sel, sorted by name.
+func (r *Registry) List(ctx context.Context, sel api.Selector) ([]*api.Sandbox, error) {
+	lister, err := r.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("registry: list: %w", err)
+	}
+	defer lister.Stop()
+	var out []*api.Sandbox
+	for key := range lister.Keys() {
+		sb, err := r.Get(ctx, key)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // removed while listing
+		}
+		if err != nil {
+			return nil, err
+		}
+		if sel.Matches(sb.Labels) {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Update writes sb if nobody changed it since it was read; otherwise it is a conflict.
+func (r *Registry) Update(ctx context.Context, sb *api.Sandbox) error {
+	sb.UpdatedAt = r.now().UTC()
+	b, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	rev, err := r.kv.Update(ctx, sb.Name, b, sb.Revision)
+	if err != nil {
+		if isWrongRevision(err) {
+			return errdefs.Conflict("sandbox %s was changed by someone else; read it again and retry", sb.Name)
+		}
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return errdefs.NotFound("no sandbox named %s", sb.Name)
+		}
+		return fmt.Errorf("registry: update %s: %w", sb.Name, err)
+	}
+	sb.Revision = rev
+	return nil
+}
+
+// Transition moves a sandbox to state to, applying mutate (may be nil) in the same
+// revision-checked write, and publishes the lifecycle event. An illegal move is a conflict
+// naming both states.
+func (r *Registry) Transition(ctx context.Context, sb *api.Sandbox, to api.State, reason string, mutate func(*api.Sandbox)) error {
+	from := sb.State
+	if !api.CanTransition(from, to) {
+		return errdefs.Conflict("sandbox %s is %s; it cannot become %s", sb.Name, from, to)
+	}
+	next := *sb
+	next.State = to
+	next.Reason = reason
+	if to == api.StateRunning && from != api.StatePaused {
+		next.StartedAt = r.now().UTC()
+	}
+	if mutate != nil {
+		mutate(&next)
+	}
+	if err := r.Update(ctx, &next); err != nil {
+		return err
+	}
+	*sb = next
+	r.event(ctx, sb, from, to, reason)
+	return nil
+}
+
+// Delete removes the record if it is still at the revision read.
+func (r *Registry) Delete(ctx context.Context, sb *api.Sandbox) error {
+	if err := r.kv.Purge(ctx, sb.Name, jetstream.LastRevision(sb.Revision)); err != nil {
+		if isWrongRevision(err) {
+			return errdefs.Conflict("sandbox %s was changed by someone else; read it again and retry", sb.Name)
+		}
+		return fmt.Errorf("registry: delete %s: %w", sb.Name, err)
+	}
+	r.event(ctx, sb, sb.State, "", "removed")
+	return nil
+}
+
+// Watch streams every change to the registry until ctx ends.
+func (r *Registry) Watch(ctx context.Context) (jetstream.KeyWatcher, error) {
+	return r.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+}
+
+func (r *Registry) event(ctx context.Context, sb *api.Sandbox, from, to api.State, reason string) {
+	ev := api.Event{Type: "state", Sandbox: sb.Name, ID: sb.ID, From: from, To: to, Reason: reason, Time: r.now().UTC()}
+	if to == "" {
+		ev.Type = "removed"
+	}
+	b, _ := json.Marshal(ev)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	// The record is the truth; an event that cannot be stored is retried once and then dropped
+	// rather than failing the transition that already happened.
+	if _, err := r.js.Publish(pctx, api.EventSubject(sb.ID), b); err != nil {
+		r.js.Publish(pctx, api.EventSubject(sb.ID), b)
+	}
+}
+
+func isWrongRevision(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}

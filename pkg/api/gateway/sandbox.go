@@ -1,0 +1,218 @@
+// Package gateway is the contract of the gateway's bus API: the sandbox record, its states,
+// the request and response types, and a typed client used by the CLI and the MCP server alike.
+package gateway
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// State is a sandbox's lifecycle state (DESIGN §3).
+type State string
+
+const (
+	StateCreated  State = "created"
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+	StateRemoving State = "removing"
+	StateFailed   State = "failed"
+)
+
+// transitions lists, for each state, the states it may move to. Any state may move to removing
+// and to failed.
+var transitions = map[State][]State{
+	StateCreated:  {StateStarting},
+	StateStarting: {StateRunning, StateStopping},
+	StateRunning:  {StatePaused, StateStopping},
+	StatePaused:   {StateRunning, StateStopping},
+	StateStopping: {StateStopped},
+	StateStopped:  {StateStarting},
+	StateFailed:   {StateStarting, StateStopping, StateStopped},
+	StateRemoving: {},
+}
+
+// CanTransition reports whether from → to is a legal move.
+func CanTransition(from, to State) bool {
+	if to == StateRemoving || to == StateFailed {
+		return from != StateRemoving || to == StateFailed
+	}
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Egress modes.
+const (
+	EgressCurated  = "curated"
+	EgressAllowAll = "allow-all"
+	EgressNone     = "none"
+)
+
+// Egress is a sandbox's perimeter configuration.
+type Egress struct {
+	Mode          string    `json:"mode"`
+	AllowAllUntil time.Time `json:"allow_all_until,omitzero"`
+	Allow         []string  `json:"allow,omitempty"` // host[:port], as given
+	Repos         []string  `json:"repos,omitempty"` // owner/repo bound with --repo
+}
+
+// SecretBinding binds a named secret to the hosts it may be swapped for.
+type SecretBinding struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+}
+
+// Mount is a host directory shared into the guest.
+type Mount struct {
+	Host     string `json:"host"`
+	Guest    string `json:"guest"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// Volume is a named per-sandbox disk for write-heavy paths.
+type Volume struct {
+	Name  string `json:"name"`
+	Guest string `json:"guest"`
+}
+
+// Sandbox is one record in the registry (KV nexus_sandboxes, key = Name).
+type Sandbox struct {
+	ID            string            `json:"id"`
+	Name          string            `json:"name"` // project/name
+	Labels        map[string]string `json:"labels,omitempty"`
+	Image         string            `json:"image"`
+	MemoryMiB     int               `json:"memory_mib"`
+	VCPUs         int               `json:"vcpus"`
+	Agent         string            `json:"agent"`
+	Egress        Egress            `json:"egress"`
+	Secrets       []SecretBinding   `json:"secrets,omitempty"`
+	Mounts        []Mount           `json:"mounts,omitempty"`
+	Volumes       []Volume          `json:"volumes,omitempty"`
+	NoPortForward bool              `json:"no_port_forward,omitempty"`
+	Ephemeral     bool              `json:"ephemeral,omitempty"` // removed when its lease lapses
+	State         State             `json:"state"`
+	Reason        string            `json:"reason,omitempty"` // why it failed
+	Host          string            `json:"host"`             // the machine it is placed on
+	CreatedAt     time.Time         `json:"created_at"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+	StartedAt     time.Time         `json:"started_at,omitzero"`
+	// Revision is the KV revision this copy was read at; updates are checked against it.
+	Revision uint64 `json:"revision,omitempty"`
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// ParseName validates a sandbox name and returns its canonical project/name form: a name
+// without a project is in project "default".
+func ParseName(s string) (string, error) {
+	project, name, ok := strings.Cut(s, "/")
+	if !ok {
+		project, name = "default", s
+	}
+	if !nameRE.MatchString(project) || !nameRE.MatchString(name) {
+		return "", errdefs.Invalid("invalid sandbox name %q: use [project/]name, each part 1-63 of a-z 0-9 - _ starting with a letter or digit", s)
+	}
+	return project + "/" + name, nil
+}
+
+// Selector is a parsed label selector: k=v, k!=v and k (present), comma-separated, all must hold.
+type Selector []term
+
+type term struct {
+	key, value string
+	op         string // "=", "!=", "exists"
+}
+
+var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+
+// ParseSelector parses selector expressions; several may be given (repeated -l flags).
+func ParseSelector(exprs ...string) (Selector, error) {
+	var sel Selector
+	for _, expr := range exprs {
+		for _, part := range strings.Split(expr, ",") {
+			part = strings.TrimSpace(part)
+			if part == "" {
+				continue
+			}
+			var t term
+			switch {
+			case strings.Contains(part, "!="):
+				k, v, _ := strings.Cut(part, "!=")
+				t = term{key: k, value: v, op: "!="}
+			case strings.Contains(part, "="):
+				k, v, _ := strings.Cut(part, "=")
+				t = term{key: k, value: v, op: "="}
+			default:
+				t = term{key: part, op: "exists"}
+			}
+			if !labelKeyRE.MatchString(t.key) {
+				return nil, errdefs.Invalid("invalid label selector %q: a key is letters, digits, '.', '_', '/' or '-'", part)
+			}
+			sel = append(sel, t)
+		}
+	}
+	return sel, nil
+}
+
+// Matches reports whether labels satisfy every term. An empty selector matches everything.
+func (s Selector) Matches(labels map[string]string) bool {
+	for _, t := range s {
+		v, ok := labels[t.key]
+		switch t.op {
+		case "=":
+			if !ok || v != t.value {
+				return false
+			}
+		case "!=":
+			if ok && v == t.value {
+				return false
+			}
+		case "exists":
+			if !ok {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// ParseLabels parses k=v pairs given to --label.
+func ParseLabels(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || !labelKeyRE.MatchString(k) || len(v) > 253 {
+			return nil, errdefs.Invalid("invalid label %q: use key=value", p)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// FormatLabels renders labels as sorted k=v,k=v.
+func FormatLabels(labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%s", k, labels[k])
+	}
+	return strings.Join(parts, ",")
+}
