@@ -1,0 +1,112 @@
+// Package netstack is the contract of the netstack service: bus subjects and the request and
+// response bodies the gateway sends to `nexus.netstack.<host>.<verb>`.
+//
+// A typed bus client will live here once pkg/bus lands; the service itself exposes the same
+// operations as plain Go methods (services/netstack.Service).
+package netstack
+
+import (
+	"time"
+
+	"github.com/IniZio/nexus/pkg/policy"
+)
+
+// Verbs of the netstack service; the subject is Subject(host, verb).
+const (
+	VerbCreate = "create"
+	VerbUpdate = "update"
+	VerbRemove = "remove"
+	VerbShow   = "show"
+)
+
+// Subject returns the bus subject for a verb on a host ("local" on a single machine).
+func Subject(host, verb string) string { return "nexus.netstack." + host + "." + verb }
+
+// Egress modes.
+const (
+	ModeCurated  = "curated"   // allowlist enforced, 443/80 through the SNI→CONNECT shim into mitm
+	ModeAllowAll = "allow-all" // everything allowed (audited) until AllowAllUntil, then default-deny
+	ModeNone     = "none"      // nothing leaves the sandbox
+)
+
+// DefaultAllowAllFor is the allow-all window when a request does not give one.
+const DefaultAllowAllFor = 24 * time.Hour
+
+// Policy is the part of a network that can change while it runs.
+type Policy struct {
+	Mode string `json:"mode"`
+	// AllowAllUntil ends allow-all; after it the network is default-deny (only Allow applies).
+	// Zero in allow-all mode means now + DefaultAllowAllFor.
+	AllowAllUntil time.Time     `json:"allow_all_until,omitzero"`
+	Allow         []policy.Rule `json:"allow,omitempty"`
+	// Repos is opaque to netstack (owner/repo bindings for gitrelay and mitm); kept and shown.
+	Repos []string `json:"repos,omitempty"`
+}
+
+// Spec creates one sandbox network (CreateRequest on the bus).
+type Spec struct {
+	SandboxID   string `json:"sandbox_id"`
+	SandboxName string `json:"sandbox_name,omitempty"`
+	Policy
+	// SocketPath is the unix socket netstack listens on; QEMU connects to it with
+	// -netdev stream,server=off,addr.type=unix,addr.path=<SocketPath>.
+	SocketPath string `json:"socket_path"`
+	// GuestMAC, when set, pins the DHCP lease of GuestIP to this MAC.
+	GuestMAC string `json:"guest_mac,omitempty"`
+	// ProxyToken identifies the sandbox to mitm (Proxy-Authorization: Basic sandboxID:token).
+	// It is a secret: never logged, never in Info or audit events.
+	ProxyToken string `json:"proxy_token,omitempty"`
+}
+
+// CreateRequest is the body of VerbCreate.
+type CreateRequest = Spec
+
+// UpdateRequest replaces the policy of a running network (VerbUpdate). Existing connections keep
+// running; every new decision uses the new policy.
+type UpdateRequest struct {
+	SandboxID string `json:"sandbox_id"`
+	Policy
+}
+
+// RemoveRequest is the body of VerbRemove.
+type RemoveRequest struct {
+	SandboxID string `json:"sandbox_id"`
+}
+
+// ShowRequest is the body of VerbShow.
+type ShowRequest struct {
+	SandboxID string `json:"sandbox_id"`
+}
+
+// Info describes one network; it is the reply to create, update and show.
+type Info struct {
+	SandboxID   string `json:"sandbox_id"`
+	SandboxName string `json:"sandbox_name,omitempty"`
+	// Mode is the configured mode; EffectiveMode is what decisions use now (an expired allow-all
+	// is "curated": default-deny plus Rules).
+	Mode          string        `json:"mode"`
+	EffectiveMode string        `json:"effective_mode"`
+	Expiry        time.Time     `json:"expiry,omitzero"`
+	Rules         []policy.Rule `json:"rules,omitempty"`
+	Repos         []string      `json:"repos,omitempty"`
+	SocketPath    string        `json:"socket_path"`
+	GatewayIP     string        `json:"gateway_ip"`
+	GuestIP       string        `json:"guest_ip"`
+	GuestAttached bool          `json:"guest_attached"`
+	DNS           []DNSEntry    `json:"dns,omitempty"`
+	Counters      Counters      `json:"counters"`
+}
+
+// DNSEntry is one name the guest resolved and the IPv4 addresses it was answered.
+type DNSEntry struct {
+	Name    string    `json:"name"`
+	IPs     []string  `json:"ips"`
+	TTL     int       `json:"ttl"`     // seconds, as answered
+	Expires time.Time `json:"expires"` // when the answer's TTL runs out (connections keep a grace)
+}
+
+// Counters are per-sandbox decision counts since the network was created.
+type Counters struct {
+	Allowed uint64 `json:"allowed"`
+	Denied  uint64 `json:"denied"`
+}
