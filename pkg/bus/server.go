@@ -64,7 +64,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	lock, err := lockFile(filepath.Join(cfg.Home.Bus(), "bus.lock"))
 	if err != nil {
 		url, _ := ReadURL(cfg.Home)
-		return nil, fmt.Errorf("%w: a nexus bus is already running for %s at %s", ErrAlreadyRunning, cfg.Home, url)
+		return nil, errdefs.New(ErrAlreadyRunning, fmt.Sprintf("nexus: a bus is already running for %s at %s", cfg.Home, url))
 	}
 	creds, err := ensureCreds(cfg.Home.BusCreds())
 	if err != nil {

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/IniZio/nexus/gateway"
+	"github.com/IniZio/nexus/gateway/cli"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/version"
+	"github.com/IniZio/nexus/services/gitrelay"
+	"github.com/IniZio/nexus/services/portfwd"
+)
+
+// runEnv is what every service gets from the composition root.
+type runEnv struct {
+	home home.Dir
+	host string
+	log  zerolog.Logger
+	nc   *nats.Conn
+}
+
+// component is one service: its bus user and how to build and run it.
+type component struct {
+	name  string
+	about string
+	run   func(ctx context.Context, env runEnv) error
+}
+
+// components lists the services in start order (the bus is started before any of them).
+func components() []component {
+	info := func(name, about string) bus.ServiceInfo {
+		return bus.ServiceInfo{Name: name, Version: version.Version, Description: about}
+	}
+	idle := func(name, about string) func(ctx context.Context, env runEnv) error {
+		return func(ctx context.Context, env runEnv) error {
+			i := info(name, about)
+			i.Host = env.host
+			return bus.Serve(ctx, env.nc, i, env.log, nil)
+		}
+	}
+	return []component{
+		{name: "gateway", about: "sandbox registry and orchestration", run: func(ctx context.Context, env runEnv) error {
+			g, err := gateway.New(gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
+			if err != nil {
+				return err
+			}
+			return g.Run(ctx)
+		}},
+		{name: "vmm", about: "microVMs, images, guest agent channel", run: idle("vmm", "microVMs, images, guest agent channel")},
+		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: idle("netstack", "per-sandbox userspace network and L4 allowlist")},
+		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: idle("mitm", "TLS MITM: SNI/Host allowlist and credential swap")},
+		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: idle("credbroker", "secrets, placeholders, credential guardian")},
+		{name: "gitrelay", about: "git over SSH relay with repo and branch policy", run: func(ctx context.Context, env runEnv) error {
+			return gitrelay.New(gitrelay.Config{Bus: env.nc, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
+		}},
+		{name: "portfwd", about: "guest listeners at the same port on the host", run: func(ctx context.Context, env runEnv) error {
+			return portfwd.New(portfwd.Config{Bus: env.nc, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
+		}},
+	}
+}
+
+// ServiceNames is every name `nexus serve` accepts, the bus first.
+func serviceNames() []string {
+	names := []string{"bus"}
+	for _, c := range components() {
+		names = append(names, c.name)
+	}
+	return names
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func upCommand() *cobra.Command {
+	var port int
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run the bus and every service in this process (the single-machine default)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			g, err := cli.Globals(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: busPort(port), Log: g.Log})
+			if err != nil {
+				return cli.StartupError(err)
+			}
+			defer srv.Shutdown()
+			grp, gctx := errgroup.WithContext(ctx)
+			names := []string{"bus"}
+			for _, c := range components() {
+				nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: c.name, URL: srv.URL(), Log: g.Log, Reconnect: true})
+				if err != nil {
+					return cli.StartupError(err)
+				}
+				defer nc.Close()
+				env := runEnv{home: g.Home, host: g.Host, log: g.Log.With().Str("service", c.name).Logger(), nc: nc}
+				grp.Go(func() error {
+					if err := c.run(gctx, env); err != nil {
+						return fmt.Errorf("%s: %w", c.name, err)
+					}
+					return nil
+				})
+				names = append(names, c.name)
+			}
+			if err := registerBus(gctx, srv, g); err != nil {
+				return cli.StartupError(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "nexus %s up: bus %s, services %s (host %s), state in %s\n",
+				version.Version, srv.URL(), strings.Join(names, " "), g.Host, g.Home)
+			err = grp.Wait()
+			if ctx.Err() != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), "nexus: stopping")
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&port, "port", 0, fmt.Sprintf("bus port on 127.0.0.1 (default %d, or $NEXUS_BUS_PORT)", bus.DefaultPort))
+	return cmd
+}
+
+// registerBus makes the bus itself visible to `nexus status` as a service.
+func registerBus(ctx context.Context, srv *bus.Server, g *cli.Global) error {
+	nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: bus.UserBus, URL: srv.URL(), Log: g.Log, Reconnect: true})
+	if err != nil {
+		return err
+	}
+	svc, err := bus.NewService(nc, bus.ServiceInfo{Name: "bus", Version: version.Version, Host: g.Host, Description: "embedded NATS with JetStream"}, g.Log)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		svc.Stop()
+		nc.Close()
+	}()
+	return nil
+}
+
+func busPort(flag int) int {
+	if flag != 0 {
+		return flag
+	}
+	if v := os.Getenv("NEXUS_BUS_PORT"); v != "" {
+		var p int
+		fmt.Sscanf(v, "%d", &p)
+		return p
+	}
+	return 0
+}
+
+func serveCommand() *cobra.Command {
+	var port int
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:       "serve <" + strings.Join(serviceNames(), "|") + ">",
+		Short:     "Run one service in this process (the Procfile runs one per service)",
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: serviceNames(),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			g, err := cli.Globals(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			name := args[0]
+			if name == "bus" {
+				srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: busPort(port), Log: g.Log})
+				if err != nil {
+					return cli.StartupError(err)
+				}
+				defer srv.Shutdown()
+				if err := registerBus(ctx, srv, g); err != nil {
+					return cli.StartupError(err)
+				}
+				g.Log.Info().Str("url", srv.URL()).Msg("bus listening")
+				<-ctx.Done()
+				return nil
+			}
+			var c *component
+			for _, cc := range components() {
+				if cc.name == name {
+					c = &cc
+				}
+			}
+			if c == nil {
+				return errdefs.Invalid("unknown service %q: use one of %s", name, strings.Join(serviceNames(), ", "))
+			}
+			nc, err := connectWaiting(ctx, g, c.name, wait)
+			if err != nil {
+				return cli.StartupError(err)
+			}
+			defer nc.Close()
+			log := g.Log.With().Str("service", c.name).Logger()
+			log.Info().Str("url", nc.ConnectedUrl()).Msg("serving")
+			err = c.run(ctx, runEnv{home: g.Home, host: g.Host, log: log, nc: nc})
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&port, "port", 0, "bus port (serve bus only)")
+	cmd.Flags().DurationVar(&wait, "wait-bus", 30*time.Second, "how long to wait for the bus to come up")
+	return cmd
+}
+
+// connectWaiting retries until the bus answers: under overmind every process starts at once.
+func connectWaiting(ctx context.Context, g *cli.Global, user string, wait time.Duration) (*nats.Conn, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: user, Log: g.Log, Reconnect: true})
+		if err == nil {
+			return nc, nil
+		}
+		if errors.Is(err, errdefs.ErrRefused) || time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,110 @@
+// Package cli is the nexus command line: thin cobra commands over the gateway's bus API
+// (pkg/api/gateway), with human tables by default, --json everywhere and exit codes that
+// scripts can rely on: 0 ok, 1 failure, 2 bad input or a stack that cannot start, and the
+// guest command's own status for `nexus exec`.
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/logging"
+	"github.com/IniZio/nexus/pkg/version"
+)
+
+// Global is what every command derives from the persistent flags and the environment.
+type Global struct {
+	Home home.Dir
+	Host string
+	Log  zerolog.Logger
+}
+
+// NewRoot builds the root command with every CLI command; main adds up and serve.
+func NewRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nexus",
+		Short:         "Run untrusted AI coding agents in per-task microVMs with a default-deny perimeter",
+		Version:       version.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	root.PersistentFlags().String("log-format", "console", "log format: console or json")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(statusCommand())
+	addSandboxCommands(root)
+	return root
+}
+
+// Globals resolves the persistent flags and $NEXUS_HOME; bad values are exit-2 errors.
+func Globals(cmd *cobra.Command) (*Global, error) {
+	level, _ := cmd.Flags().GetString("log-level")
+	format, _ := cmd.Flags().GetString("log-format")
+	log, err := logging.New(os.Stderr, level, format)
+	if err != nil {
+		return nil, err
+	}
+	h, err := home.Default()
+	if err != nil {
+		return nil, errdefs.Invalid("%v", err)
+	}
+	host := os.Getenv("NEXUS_HOST")
+	if host == "" {
+		host = "local"
+	}
+	return &Global{Home: h, Host: host, Log: log}, nil
+}
+
+// ExitError ends the process with Code after printing nothing more.
+type ExitError struct{ Code int }
+
+func (e ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
+type usageError struct{ error }
+
+type startupError struct{ error }
+
+func (e startupError) Unwrap() error { return e.error }
+
+// StartupError marks an error that kept the stack from starting: exit code 2.
+func StartupError(err error) error { return startupError{err} }
+
+// Execute runs root and returns the process exit code, printing one clear line on failure.
+func Execute(root *cobra.Command) int {
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return 0
+	}
+	var exit ExitError
+	if errors.As(err, &exit) {
+		return exit.Code
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "nexus") {
+		msg = "nexus: " + msg
+	}
+	fmt.Fprintln(os.Stderr, msg)
+	var ue usageError
+	var se startupError
+	switch {
+	case errors.As(err, &ue), errors.As(err, &se), errors.Is(err, errdefs.ErrInvalid), isCobraUsage(err):
+		if errors.As(err, &ue) || isCobraUsage(err) {
+			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		return 2
+	}
+	return 1
+}
+
+func isCobraUsage(err error) bool {
+	m := err.Error()
+	return strings.HasPrefix(m, "unknown command") || strings.HasPrefix(m, "accepts ") ||
+		strings.HasPrefix(m, "requires at least") || strings.HasPrefix(m, "invalid argument")
+}

@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/spf13/cobra"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// dial connects the CLI to the gateway.
+func dial(cmd *cobra.Command) (*api.Client, *Global, error) {
+	g, err := Globals(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := bus.Connect(cmd.Context(), bus.ConnectConfig{Home: g.Home, User: bus.UserCLI, Log: g.Log})
+	if err != nil {
+		return nil, nil, err
+	}
+	cobra.OnFinalize(nc.Close)
+	return api.NewClient(nc), g, nil
+}
+
+func printJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func addSandboxCommands(root *cobra.Command) {
+	sandbox := &cobra.Command{Use: "sandbox", Short: "Sandbox commands (aliases of the top-level ones)"}
+	sandbox.AddCommand(createCommand())
+	root.AddCommand(createCommand(), psCommand(), sandbox)
+	for _, v := range []struct{ use, verb, short string }{
+		{"start", api.VerbStart, "Start created or stopped sandboxes"},
+		{"stop", api.VerbStop, "Stop running sandboxes (their disks are kept)"},
+		{"pause", api.VerbPause, "Pause running sandboxes"},
+		{"resume", api.VerbResume, "Resume paused sandboxes"},
+		{"rm", api.VerbRemove, "Remove sandboxes and everything they own"},
+	} {
+		root.AddCommand(applyCommand(v.use, v.verb, v.short))
+	}
+}
+
+func createCommand() *cobra.Command {
+	var r api.CreateRequest
+	var labels []string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "create [project/]NAME",
+		Short: "Create a sandbox and boot it; returns when its guest agent answers",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if r.Labels, err = api.ParseLabels(labels); err != nil {
+				return err
+			}
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			r.Name = args[0]
+			stopProgress := func() {}
+			if !asJSON {
+				r.Progress, stopProgress = followSteps(c.Conn(), cmd.ErrOrStderr())
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), api.CreateTimeout)
+			defer cancel()
+			start := time.Now()
+			sb, err := c.Create(ctx, r)
+			stopProgress()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				printJSON(cmd.OutOrStdout(), sb)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s in %.1fs (image %s, %d MiB, %d vCPU)\n", sb.Name, sb.State, time.Since(start).Seconds(), sb.Image, sb.MemoryMiB, sb.VCPUs)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&r.Image, "image", "", "root image (nexus-base, nexus-mini, …)")
+	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
+	f.IntVar(&r.MemoryMiB, "memory", 0, "memory in MiB (default 1024)")
+	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
+	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
+	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
+	f.StringArrayVar(&r.AllowHosts, "allow-host", nil, "allow HOST[:PORT] (repeatable; a bare host means 443 and 80)")
+	f.StringArrayVar(&r.Repos, "repo", nil, "bind a GitHub repo owner/repo (repeatable)")
+	f.StringArrayVar(&r.Secrets, "secret", nil, "broker secret NAME@host[,host] (repeatable)")
+	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
+	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+// followSteps prints boot steps as they arrive on a private stream subject.
+func followSteps(nc *nats.Conn, w io.Writer) (string, func()) {
+	subject := bus.StreamPrefix + "." + nuid.Next() + ".out"
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		var st vmmapi.Step
+		if json.Unmarshal(m.Data, &st) == nil && st.Name != "" {
+			fmt.Fprintf(w, "  %-14s %6.2fs\n", st.Name, float64(st.Millis)/1000)
+		}
+	})
+	if err != nil {
+		return "", func() {}
+	}
+	return subject, func() { nc.Flush(); sub.Unsubscribe() }
+}
+
+func psCommand() *cobra.Command {
+	var all, asJSON bool
+	var sel []string
+	cmd := &cobra.Command{
+		Use:   "ps",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			list, err := c.List(cmd.Context(), api.ListRequest{Selector: sel, All: all})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				printJSON(cmd.OutOrStdout(), list)
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tIMAGE\tAGENT\tEGRESS\tMEMORY\tLABELS\tAGE\tHOST")
+			for _, s := range list {
+				mem := fmt.Sprintf("%dMiB", s.MemoryMiB)
+				if s.RSSBytes > 0 {
+					mem = fmt.Sprintf("%dMiB/%dMiB", s.RSSBytes>>20, s.MemoryMiB)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Image, s.Agent, egressColumn(s.Egress),
+					mem, dash(api.FormatLabels(s.Labels)), age(s.CreatedAt), s.Host)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and failed sandboxes")
+	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func egressColumn(e api.Egress) string {
+	switch e.Mode {
+	case api.EgressAllowAll:
+		if !e.AllowAllUntil.IsZero() {
+			return "allow-all until " + e.AllowAllUntil.Local().Format("01-02 15:04")
+		}
+	case api.EgressCurated:
+		return fmt.Sprintf("curated(%d)", len(e.Allow))
+	}
+	return dash(e.Mode)
+}
+
+func age(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func applyCommand(use, verb, short string) *cobra.Command {
+	var sel []string
+	var force, asJSON bool
+	cmd := &cobra.Command{
+		Use:   use + " NAME… | -l key=value",
+		Short: short,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), api.CreateTimeout)
+			defer cancel()
+			results, err := c.Apply(ctx, verb, api.NamesRequest{Names: args, Selector: sel, Force: force})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				printJSON(cmd.OutOrStdout(), results)
+			}
+			failed := 0
+			for _, r := range results {
+				if r.Error != "" {
+					failed++
+					fmt.Fprintf(os.Stderr, "nexus: %s\n", strings.TrimPrefix(r.Error, "nexus: "))
+					continue
+				}
+				if !asJSON {
+					state := string(r.State)
+					if verb == api.VerbRemove {
+						state = "removed"
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", r.Name, state)
+				}
+			}
+			if failed > 0 {
+				for _, r := range results {
+					if r.Code == errdefs.CodeInvalid {
+						return ExitError{Code: 2}
+					}
+				}
+				return ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON results")
+	if use == "rm" || use == "stop" {
+		cmd.Flags().BoolVarP(&force, "force", "f", false, map[string]string{"rm": "remove running sandboxes too", "stop": "kill instead of a clean shutdown"}[use])
+	}
+	return cmd
+}

@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/spf13/cobra"
+
+	"github.com/IniZio/nexus/pkg/bus"
+)
+
+// Expected lists the services a healthy stack runs.
+var Expected = []string{"bus", "gateway", "vmm", "netstack", "mitm", "credbroker", "gitrelay", "portfwd"}
+
+// ServiceStatus is one row of `nexus status`.
+type ServiceStatus struct {
+	Service string    `json:"service"`
+	Up      bool      `json:"up"`
+	Version string    `json:"version,omitempty"`
+	Started time.Time `json:"started,omitzero"`
+	Uptime  string    `json:"uptime,omitempty"`
+	Host    string    `json:"host,omitempty"`
+	PID     int       `json:"pid,omitempty"`
+	ID      string    `json:"id,omitempty"`
+}
+
+func statusCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every service: up or down, version, uptime, host (exit 1 if any is down)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			g, err := Globals(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+			defer cancel()
+			rows := []ServiceStatus{}
+			nc, connErr := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: bus.UserCLI, Log: g.Log})
+			if connErr == nil {
+				defer nc.Close()
+				rows, err = Discover(ctx, nc, 700*time.Millisecond)
+				if err != nil {
+					return err
+				}
+			}
+			rows = withMissing(rows)
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				enc.Encode(rows)
+			} else {
+				printStatus(cmd.OutOrStdout(), rows)
+			}
+			if connErr != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), connErr.Error())
+			}
+			for _, r := range rows {
+				if !r.Up {
+					return ExitError{Code: 1}
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// Discover asks every nexus service for its identity ($SRV.INFO) and collects the answers
+// until quiet passes with no new one, or all expected services answered.
+func Discover(ctx context.Context, nc *nats.Conn, quiet time.Duration) ([]ServiceStatus, error) {
+	inbox := nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.INFO", inbox, nil); err != nil {
+		return nil, err
+	}
+	seen := map[string]ServiceStatus{}
+	timer := time.NewTimer(quiet)
+	defer timer.Stop()
+	for len(seen) < len(Expected) {
+		select {
+		case m := <-ch:
+			var info micro.Info
+			if json.Unmarshal(m.Data, &info) != nil {
+				continue
+			}
+			name, ok := trimPrefix(info.Name, "nexus-")
+			if !ok {
+				continue
+			}
+			st := ServiceStatus{Service: name, Up: true, Version: info.Version, Host: info.Metadata[bus.MetaHost], ID: info.ID}
+			if t, err := time.Parse(time.RFC3339Nano, info.Metadata[bus.MetaStarted]); err == nil {
+				st.Started = t
+				st.Uptime = time.Since(t).Round(time.Second).String()
+			}
+			st.PID, _ = strconv.Atoi(info.Metadata[bus.MetaPID])
+			seen[name] = st
+			timer.Reset(quiet)
+		case <-timer.C:
+			return values(seen), nil
+		case <-ctx.Done():
+			return values(seen), nil
+		}
+	}
+	return values(seen), nil
+}
+
+func trimPrefix(s, p string) (string, bool) {
+	if len(s) > len(p) && s[:len(p)] == p {
+		return s[len(p):], true
+	}
+	return s, false
+}
+
+func values(m map[string]ServiceStatus) []ServiceStatus {
+	out := make([]ServiceStatus, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// withMissing adds a down row for every expected service that did not answer, in a fixed order.
+func withMissing(rows []ServiceStatus) []ServiceStatus {
+	by := map[string]ServiceStatus{}
+	for _, r := range rows {
+		by[r.Service] = r
+	}
+	var out []ServiceStatus
+	for _, name := range Expected {
+		r, ok := by[name]
+		if !ok {
+			r = ServiceStatus{Service: name}
+		}
+		out = append(out, r)
+		delete(by, name)
+	}
+	extra := values(by)
+	sort.Slice(extra, func(i, j int) bool { return extra[i].Service < extra[j].Service })
+	return append(out, extra...)
+}
+
+func printStatus(w io.Writer, rows []ServiceStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tSTATUS\tVERSION\tUPTIME\tHOST\tPID")
+	for _, r := range rows {
+		state := "down"
+		if r.Up {
+			state = "up"
+		}
+		pid := ""
+		if r.PID != 0 {
+			pid = strconv.Itoa(r.PID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Service, state, dash(r.Version), dash(r.Uptime), dash(r.Host), dash(pid))
+	}
+	tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

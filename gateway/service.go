@@ -1,0 +1,332 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// Limits and defaults of a sandbox.
+const (
+	DefaultImage     = "nexus-base"
+	DefaultMemoryMiB = 1024
+	MinMemoryMiB     = 128 // below this the Debian kernel and the agent do not come up
+	MaxMemoryMiB     = 256 << 10
+	DefaultVCPUs     = 1
+	MaxVCPUs         = 64
+)
+
+// Config configures the gateway.
+type Config struct {
+	Bus     *nats.Conn
+	Home    home.Dir
+	Host    string // the host new sandboxes are placed on
+	Log     zerolog.Logger
+	Version string
+}
+
+// Gateway serves the gateway API on the bus.
+type Gateway struct {
+	cfg Config
+	reg *Registry
+	log zerolog.Logger
+}
+
+// New returns a gateway; Run binds it to the bus.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Host == "" {
+		cfg.Host = bus.LocalHost
+	}
+	return &Gateway{cfg: cfg, log: cfg.Log}, nil
+}
+
+// Run registers the endpoints and serves until ctx ends.
+func (g *Gateway) Run(ctx context.Context) error {
+	reg, err := NewRegistry(ctx, g.cfg.Bus)
+	if err != nil {
+		return err
+	}
+	g.reg = reg
+	info := bus.ServiceInfo{Name: "gateway", Version: g.cfg.Version, Host: g.cfg.Host, Description: "sandbox registry and orchestration"}
+	return bus.Serve(ctx, g.cfg.Bus, info, g.log, func(s *bus.Service) error {
+		sub := func(verb string) string { return bus.Subject(bus.GatewayPrefix, verb) }
+		errs := []error{
+			bus.Handle(s, "create", sub(api.VerbCreate), g.create),
+			bus.Handle(s, "get", sub(api.VerbGet), func(ctx context.Context, r api.NameRequest) (*api.Sandbox, error) {
+				name, err := api.ParseName(r.Name)
+				if err != nil {
+					return nil, err
+				}
+				return g.reg.Get(ctx, name)
+			}),
+			bus.Handle(s, "list", sub(api.VerbList), g.list),
+			bus.Handle(s, "start", sub(api.VerbStart), g.apply(g.start)),
+			bus.Handle(s, "stop", sub(api.VerbStop), g.apply(g.stop)),
+			bus.Handle(s, "pause", sub(api.VerbPause), g.apply(g.pause)),
+			bus.Handle(s, "resume", sub(api.VerbResume), g.apply(g.resume)),
+			bus.Handle(s, "remove", sub(api.VerbRemove), g.apply(g.remove)),
+		}
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (g *Gateway) vmm(host string) *vmmapi.Client { return vmmapi.NewClient(g.cfg.Bus, host) }
+
+// create validates the request, records the sandbox and boots it. A failed boot leaves the
+// record in state failed with the reason, and no VM behind it.
+func (g *Gateway) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
+	sb, err := g.validate(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.reg.Create(ctx, sb); err != nil {
+		return nil, err
+	}
+	if err := g.boot(ctx, sb, r.Progress); err != nil {
+		return sb, err
+	}
+	return sb, nil
+}
+
+func (g *Gateway) validate(r api.CreateRequest) (*api.Sandbox, error) {
+	name, err := api.ParseName(r.Name)
+	if err != nil {
+		return nil, err
+	}
+	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
+		Agent: r.Agent, NoPortForward: r.NoPortForward, Ephemeral: r.Ephemeral, Host: g.cfg.Host}
+	if sb.Image == "" {
+		sb.Image = DefaultImage
+	}
+	if i := strings.IndexByte(sb.Image, ':'); i > 0 {
+		sb.Image = sb.Image[:i] // a tag names a build of the image; one build of each is kept
+	}
+	switch {
+	case sb.MemoryMiB == 0:
+		sb.MemoryMiB = DefaultMemoryMiB
+	case sb.MemoryMiB < MinMemoryMiB:
+		return nil, errdefs.Invalid("--memory %d is below the guest's minimum of %d MiB", sb.MemoryMiB, MinMemoryMiB)
+	case sb.MemoryMiB > MaxMemoryMiB:
+		return nil, errdefs.Invalid("--memory %d is above the maximum of %d MiB", sb.MemoryMiB, MaxMemoryMiB)
+	}
+	switch {
+	case sb.VCPUs == 0:
+		sb.VCPUs = DefaultVCPUs
+	case sb.VCPUs < 0 || sb.VCPUs > MaxVCPUs:
+		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
+	}
+	if sb.Agent == "" {
+		sb.Agent = "claude-code"
+	}
+	mounts, err := parseMounts(r.Mounts)
+	if err != nil {
+		return nil, err
+	}
+	sb.Mounts = mounts
+	sb.Egress = api.Egress{Mode: api.EgressNone, Allow: r.AllowHosts, Repos: r.Repos}
+	return sb, nil
+}
+
+func parseMounts(specs []string) ([]api.Mount, error) {
+	var out []api.Mount
+	for _, s := range specs {
+		parts := strings.Split(s, ":")
+		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || !strings.HasPrefix(parts[1], "/") || !strings.HasPrefix(parts[0], "/") {
+			return nil, errdefs.Invalid("invalid --mount %q: use /host/path:/guest/path[:ro]", s)
+		}
+		m := api.Mount{Host: parts[0], Guest: parts[1]}
+		if len(parts) == 3 {
+			if parts[2] != "ro" {
+				return nil, errdefs.Invalid("invalid --mount %q: the only option is ro", s)
+			}
+			m.ReadOnly = true
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// boot moves sb through starting to running, or to failed with the reason.
+func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) error {
+	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
+		return err
+	}
+	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
+		Hostname: hostname(sb.Name), Progress: progress}
+	for _, m := range sb.Mounts {
+		req.Mounts = append(req.Mounts, vmmapi.Mount{Host: m.Host, Guest: m.Guest, ReadOnly: m.ReadOnly})
+	}
+	_, err := g.vmm(sb.Host).Start(ctx, req)
+	if err != nil {
+		g.fail(sb, err)
+		return err
+	}
+	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
+}
+
+// fail records why a sandbox failed; it uses its own deadline because ctx may be what ended.
+func (g *Gateway) fail(sb *api.Sandbox, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 3 {
+		cur, err := g.reg.Get(ctx, sb.Name)
+		if err != nil {
+			return
+		}
+		if err := g.reg.Transition(ctx, cur, api.StateFailed, cause.Error(), nil); err == nil {
+			*sb = *cur
+			return
+		}
+	}
+}
+
+func hostname(name string) string {
+	_, n, _ := strings.Cut(name, "/")
+	return n
+}
+
+func (g *Gateway) list(ctx context.Context, r api.ListRequest) ([]api.SandboxView, error) {
+	sel, err := api.ParseSelector(r.Selector...)
+	if err != nil {
+		return nil, err
+	}
+	all, err := g.reg.List(ctx, sel)
+	if err != nil {
+		return nil, err
+	}
+	out := []api.SandboxView{}
+	for _, sb := range all {
+		if !r.All && (sb.State == api.StateStopped || sb.State == api.StateFailed) {
+			continue
+		}
+		out = append(out, api.SandboxView{Sandbox: *sb})
+	}
+	return out, nil
+}
+
+// apply runs one verb on each named (or selected) sandbox and reports each outcome.
+func (g *Gateway) apply(fn func(ctx context.Context, sb *api.Sandbox, force bool) error) func(context.Context, api.NamesRequest) ([]api.Result, error) {
+	return func(ctx context.Context, r api.NamesRequest) ([]api.Result, error) {
+		if len(r.Names) > 0 && len(r.Selector) > 0 {
+			return nil, errdefs.Invalid("name sandboxes or select them with -l, not both")
+		}
+		var targets []*api.Sandbox
+		var results []api.Result
+		if len(r.Selector) > 0 {
+			sel, err := api.ParseSelector(r.Selector...)
+			if err != nil {
+				return nil, err
+			}
+			if targets, err = g.reg.List(ctx, sel); err != nil {
+				return nil, err
+			}
+		} else if len(r.Names) == 0 {
+			return nil, errdefs.Invalid("name at least one sandbox, or select with -l key=value")
+		}
+		for _, n := range r.Names {
+			name, err := api.ParseName(n)
+			if err == nil {
+				var sb *api.Sandbox
+				if sb, err = g.reg.Get(ctx, name); err == nil {
+					targets = append(targets, sb)
+					continue
+				}
+			}
+			results = append(results, api.Result{Name: n, Error: err.Error(), Code: errdefs.Code(err)})
+		}
+		for _, sb := range targets {
+			res := api.Result{Name: sb.Name}
+			if err := fn(ctx, sb, r.Force); err != nil {
+				res.Error, res.Code = err.Error(), errdefs.Code(err)
+			}
+			res.State = sb.State
+			results = append(results, res)
+		}
+		return results, nil
+	}
+}
+
+func (g *Gateway) start(ctx context.Context, sb *api.Sandbox, _ bool) error {
+	switch sb.State {
+	case api.StateRunning:
+		return nil
+	case api.StatePaused:
+		return g.resume(ctx, sb, false)
+	}
+	return g.boot(ctx, sb, "")
+}
+
+func (g *Gateway) stop(ctx context.Context, sb *api.Sandbox, force bool) error {
+	switch sb.State {
+	case api.StateStopped, api.StateCreated:
+		return nil
+	}
+	if err := g.reg.Transition(ctx, sb, api.StateStopping, "", nil); err != nil {
+		return err
+	}
+	if err := g.vmm(sb.Host).Stop(ctx, sb.ID, force); err != nil {
+		g.fail(sb, fmt.Errorf("stop: %w", err))
+		return err
+	}
+	return g.reg.Transition(ctx, sb, api.StateStopped, "", nil)
+}
+
+func (g *Gateway) pause(ctx context.Context, sb *api.Sandbox, _ bool) error {
+	if sb.State == api.StatePaused {
+		return nil
+	}
+	if sb.State != api.StateRunning {
+		return errdefs.Conflict("sandbox %s is %s; only a running sandbox can be paused", sb.Name, sb.State)
+	}
+	if err := g.vmm(sb.Host).Pause(ctx, sb.ID); err != nil {
+		return err
+	}
+	return g.reg.Transition(ctx, sb, api.StatePaused, "", nil)
+}
+
+func (g *Gateway) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
+	if sb.State == api.StateRunning {
+		return nil
+	}
+	if sb.State != api.StatePaused {
+		return errdefs.Conflict("sandbox %s is %s; only a paused sandbox can be resumed", sb.Name, sb.State)
+	}
+	if err := g.vmm(sb.Host).Resume(ctx, sb.ID); err != nil {
+		return err
+	}
+	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
+}
+
+// remove tears down everything of a sandbox, then its record. A running sandbox needs force.
+func (g *Gateway) remove(ctx context.Context, sb *api.Sandbox, force bool) error {
+	switch sb.State {
+	case api.StateRunning, api.StatePaused, api.StateStarting:
+		if !force {
+			return errdefs.Conflict("sandbox %s is %s: stop it first, or use rm --force", sb.Name, sb.State)
+		}
+	}
+	if sb.State != api.StateRemoving {
+		if err := g.reg.Transition(ctx, sb, api.StateRemoving, "", nil); err != nil {
+			return err
+		}
+	}
+	if err := g.vmm(sb.Host).Remove(ctx, sb.ID); err != nil {
+		return fmt.Errorf("remove %s: %w", sb.Name, err)
+	}
+	return g.reg.Delete(ctx, sb)
+}

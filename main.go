@@ -1,0 +1,18 @@
+// Command nexus is the one binary of nexus: the CLI, `nexus up` (every service around an
+// embedded bus in one process) and `nexus serve <service>` (one service per process).
+//
+// This file is the composition root: it alone imports the gateway and the services and wires
+// them together; the gateway and the services know each other only through the bus.
+package main
+
+import (
+	"os"
+
+	"github.com/IniZio/nexus/gateway/cli"
+)
+
+func main() {
+	root := cli.NewRoot()
+	root.AddCommand(upCommand(), serveCommand())
+	os.Exit(cli.Execute(root))
+}

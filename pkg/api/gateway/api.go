@@ -1,0 +1,103 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/IniZio/nexus/pkg/bus"
+)
+
+// Verbs on nexus.gateway.<verb>.
+const (
+	VerbCreate = "sandbox.create"
+	VerbGet    = "sandbox.get"
+	VerbList   = "sandbox.list"
+	VerbStart  = "sandbox.start"
+	VerbStop   = "sandbox.stop"
+	VerbPause  = "sandbox.pause"
+	VerbResume = "sandbox.resume"
+	VerbRemove = "sandbox.remove"
+	VerbExec   = "sandbox.exec"
+	VerbLogs   = "sandbox.logs"
+	VerbCopy   = "sandbox.copy"
+)
+
+// CreateRequest asks for a new sandbox; zero values take the defaults.
+type CreateRequest struct {
+	Name          string            `json:"name"`
+	Image         string            `json:"image,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	MemoryMiB     int               `json:"memory_mib,omitempty"`
+	VCPUs         int               `json:"vcpus,omitempty"`
+	Agent         string            `json:"agent,omitempty"`
+	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
+	AllowHosts    []string          `json:"allow_hosts,omitempty"`
+	Repos         []string          `json:"repos,omitempty"`
+	Secrets       []string          `json:"secrets,omitempty"` // NAME@host[,host]
+	Mounts        []string          `json:"mounts,omitempty"`  // host:guest[:ro]
+	NoPortForward bool              `json:"no_port_forward,omitempty"`
+	Ephemeral     bool              `json:"ephemeral,omitempty"`
+	// Progress, when set, receives boot steps (vmm.Step JSON) as they finish.
+	Progress string `json:"progress,omitempty"`
+}
+
+// ListRequest selects sandboxes; stopped and failed ones only with All.
+type ListRequest struct {
+	Selector []string `json:"selector,omitempty"`
+	All      bool     `json:"all,omitempty"`
+}
+
+// NamesRequest names sandboxes by name or by selector (not both).
+type NamesRequest struct {
+	Names    []string `json:"names,omitempty"`
+	Selector []string `json:"selector,omitempty"`
+	Force    bool     `json:"force,omitempty"`
+}
+
+// NameRequest names one sandbox.
+type NameRequest struct {
+	Name string `json:"name"`
+}
+
+// Result is the outcome for one sandbox of a verb applied to several.
+type Result struct {
+	Name  string `json:"name"`
+	State State  `json:"state,omitempty"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"`
+}
+
+// SandboxView is a sandbox with what the vmm measures of it (ps columns).
+type SandboxView struct {
+	Sandbox
+	RSSBytes int64 `json:"rss_bytes,omitempty"`
+}
+
+// Client is the typed client of the gateway API used by the CLI and the MCP server.
+type Client struct{ nc *nats.Conn }
+
+// NewClient returns a gateway client over nc.
+func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc} }
+
+// Conn is the underlying bus connection (streams use it directly).
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+func subject(verb string) string { return bus.Subject(bus.GatewayPrefix, verb) }
+
+// CreateTimeout bounds a create: image preparation plus a TCG boot.
+const CreateTimeout = 5 * time.Minute
+
+func (c *Client) Create(ctx context.Context, r CreateRequest) (*Sandbox, error) {
+	return bus.Request[*Sandbox](ctx, c.nc, subject(VerbCreate), r)
+}
+func (c *Client) Get(ctx context.Context, name string) (*Sandbox, error) {
+	return bus.Request[*Sandbox](ctx, c.nc, subject(VerbGet), NameRequest{Name: name})
+}
+func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error) {
+	return bus.Request[[]SandboxView](ctx, c.nc, subject(VerbList), r)
+}
+func (c *Client) Apply(ctx context.Context, verb string, r NamesRequest) ([]Result, error) {
+	return bus.Request[[]Result](ctx, c.nc, subject(verb), r)
+}

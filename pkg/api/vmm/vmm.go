@@ -1,0 +1,130 @@
+// Package vmm is the contract of the vmm service: subjects, request and response types and a
+// typed client. The gateway is its only caller for lifecycle verbs.
+package vmm
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/IniZio/nexus/pkg/bus"
+)
+
+// Verbs, on nexus.vmm.<host>.<verb>.
+const (
+	VerbStart   = "start"
+	VerbStop    = "stop"
+	VerbPause   = "pause"
+	VerbResume  = "resume"
+	VerbRemove  = "remove"
+	VerbInspect = "inspect"
+	VerbList    = "list"
+	VerbExec    = "exec"
+	VerbCopy    = "copy"
+	VerbLogs    = "logs"
+	VerbImages  = "images"
+	VerbImage   = "image"
+)
+
+// Mount shares a host directory into the guest over virtio-9p.
+type Mount struct {
+	Host     string `json:"host"`
+	Guest    string `json:"guest"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// StartRequest boots (or re-boots after a stop) the VM of one sandbox.
+type StartRequest struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	Image     string            `json:"image"`
+	MemoryMiB int               `json:"memory_mib"`
+	VCPUs     int               `json:"vcpus"`
+	Hostname  string            `json:"hostname"`
+	Env       map[string]string `json:"env,omitempty"` // applied to every exec; may hold placeholders
+	Mounts    []Mount           `json:"mounts,omitempty"`
+	NetSocket string            `json:"net_socket,omitempty"` // netstack's unix socket; empty: no NIC at all
+	// Files are written into the guest before it is reported ready (CA certificates etc).
+	Files []File `json:"files,omitempty"`
+	// Progress, when set, receives one Step message per boot step as it finishes.
+	Progress string `json:"progress,omitempty"`
+}
+
+// File is a small file placed in the guest at boot.
+type File struct {
+	Path string `json:"path"`
+	Mode uint32 `json:"mode"`
+	Data []byte `json:"data"`
+}
+
+// Step is one named boot step and how long it took.
+type Step struct {
+	Name   string `json:"name"`
+	Millis int64  `json:"millis"`
+	Done   bool   `json:"done,omitempty"`
+}
+
+// StartResponse says how the VM came up.
+type StartResponse struct {
+	PID   int    `json:"pid"`
+	Accel string `json:"accel"`
+	Steps []Step `json:"steps"`
+}
+
+// IDRequest names one sandbox's VM.
+type IDRequest struct {
+	ID    string `json:"id"`
+	Force bool   `json:"force,omitempty"`
+}
+
+// VMInfo is what the vmm knows of one VM.
+type VMInfo struct {
+	ID       string    `json:"id"`
+	Running  bool      `json:"running"`
+	Paused   bool      `json:"paused"`
+	PID      int       `json:"pid,omitempty"`
+	RSSBytes int64     `json:"rss_bytes,omitempty"`
+	Started  time.Time `json:"started,omitzero"`
+	Failed   string    `json:"failed,omitempty"` // why the VM is gone or unhealthy
+}
+
+// Empty is the response of verbs that return nothing.
+type Empty struct{}
+
+// Client calls the vmm of one host.
+type Client struct {
+	nc   *nats.Conn
+	host string
+}
+
+// NewClient returns a client for the vmm on host.
+func NewClient(nc *nats.Conn, host string) *Client { return &Client{nc: nc, host: host} }
+
+func (c *Client) subject(verb string) string { return bus.HostSubject(bus.VMMPrefix, c.host, verb) }
+
+func (c *Client) Start(ctx context.Context, r StartRequest) (StartResponse, error) {
+	return bus.Request[StartResponse](ctx, c.nc, c.subject(VerbStart), r)
+}
+func (c *Client) Stop(ctx context.Context, id string, force bool) error {
+	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbStop), IDRequest{ID: id, Force: force})
+	return err
+}
+func (c *Client) Pause(ctx context.Context, id string) error {
+	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbPause), IDRequest{ID: id})
+	return err
+}
+func (c *Client) Resume(ctx context.Context, id string) error {
+	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbResume), IDRequest{ID: id})
+	return err
+}
+func (c *Client) Remove(ctx context.Context, id string) error {
+	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbRemove), IDRequest{ID: id, Force: true})
+	return err
+}
+func (c *Client) Inspect(ctx context.Context, id string) (VMInfo, error) {
+	return bus.Request[VMInfo](ctx, c.nc, c.subject(VerbInspect), IDRequest{ID: id})
+}
+func (c *Client) List(ctx context.Context) ([]VMInfo, error) {
+	return bus.Request[[]VMInfo](ctx, c.nc, c.subject(VerbList), Empty{})
+}
