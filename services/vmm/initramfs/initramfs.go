@@ -1,0 +1,207 @@
+// Package initramfs builds the guest's initial ramdisk: the agent as /init, the kernel modules it
+// loads, and /etc/nexus/modules listing them in load order (DESIGN §4).
+//
+// The archive is a gzip-compressed newc cpio written by our own deterministic writer, so the same
+// inputs always give the same bytes. Build names its output by a hash of its inputs (agent binary,
+// kernel version, module list) and returns an existing file without rebuilding.
+package initramfs
+
+import (
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/IniZio/nexus/services/vmm/kernel"
+)
+
+// DefaultModules are the modules a nexus guest needs; built-in ones are skipped at build time.
+var DefaultModules = []string{
+	"virtio_mmio", "virtio_blk", "virtio_net", "virtio_console",
+	"9p", "9pnet_virtio", "overlay",
+	"vsock", "vmw_vsock_virtio_transport", "vsock_loopback",
+	"crc32c_generic", "ext4", "af_packet",
+}
+
+// ModuleListPath is where the guest finds absolute module paths in load order, one per line.
+const ModuleListPath = "etc/nexus/modules"
+
+// maxAgentSize bounds what we read as the agent binary.
+const maxAgentSize = 256 << 20
+
+// Build writes an initramfs for k with agentPath as /init and the named modules (plus their
+// dependencies) into outDir and returns its path. An archive for the same inputs is reused.
+func Build(k *kernel.Kernel, agentPath string, modules []string, outDir string) (string, error) {
+	agent, err := readAgent(agentPath)
+	if err != nil {
+		return "", err
+	}
+	mods, err := k.Resolve(modules)
+	if err != nil {
+		return "", fmt.Errorf("initramfs: %w", err)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "nexus-initramfs-v1\nkernel %s\n", k.Version)
+	agentSum := sha256.Sum256(agent)
+	fmt.Fprintf(h, "agent %x\n", agentSum)
+	for _, m := range mods {
+		fmt.Fprintf(h, "module %s\n", m.Path)
+	}
+	key := hex.EncodeToString(h.Sum(nil))[:20]
+	out := filepath.Join(outDir, "initramfs-"+key+".cpio.gz")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+
+	a := NewArchive()
+	base := []struct {
+		name string
+		perm os.FileMode
+	}{
+		{"dev", 0o755}, {"proc", 0o555}, {"sys", 0o555}, {"run", 0o755}, {"tmp", 0o777 | os.ModeSticky},
+		{"mnt", 0o755}, {"root", 0o700}, {"etc/nexus", 0o755},
+	}
+	for _, d := range base {
+		if err := a.Dir(d.name, d.perm); err != nil {
+			return "", err
+		}
+	}
+	// The kernel opens /dev/console for init's stdio before devtmpfs exists.
+	if err := a.CharDev("dev/console", 0o600, 5, 1); err != nil {
+		return "", err
+	}
+	if err := a.File("init", 0o755, agent); err != nil {
+		return "", err
+	}
+	var list strings.Builder
+	for _, m := range mods {
+		data, rel, err := readModule(k.ModulesDir, m.Path)
+		if err != nil {
+			return "", err
+		}
+		dst := path.Join("lib/modules", k.Version, rel)
+		if err := a.File(dst, 0o644, data); err != nil {
+			return "", err
+		}
+		list.WriteString("/" + dst + "\n")
+	}
+	if err := a.File(ModuleListPath, 0o644, []byte(list.String())); err != nil {
+		return "", err
+	}
+	if err := writeGzip(a, out); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// BuildProbe writes the accelerator-probe initramfs (ProbeInit as /init) into outDir.
+func BuildProbe(outDir string) (string, error) {
+	a := NewArchive()
+	if err := a.Dir("dev", 0o755); err != nil {
+		return "", err
+	}
+	if err := a.CharDev("dev/console", 0o600, 5, 1); err != nil {
+		return "", err
+	}
+	probe := ProbeInit()
+	if err := a.File("init", 0o755, probe); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(probe)
+	out := filepath.Join(outDir, "probe-"+hex.EncodeToString(sum[:])[:16]+".cpio.gz")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	return out, writeGzip(a, out)
+}
+
+func readAgent(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: agent: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: agent: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Size() == 0 || st.Size() > maxAgentSize {
+		return nil, fmt.Errorf("initramfs: agent %s: not a regular file of 1 byte to %d MiB", p, maxAgentSize>>20)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxAgentSize))
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: agent: %w", err)
+	}
+	if !bytes.HasPrefix(b, []byte("\x7fELF")) {
+		return nil, fmt.Errorf("initramfs: agent %s is not an ELF executable", p)
+	}
+	return b, nil
+}
+
+// readModule returns an uncompressed module and its path relative to the modules dir ending in
+// .ko: the guest loads it with finit_module, which takes no compressed input on every kernel.
+func readModule(modulesDir, rel string) ([]byte, string, error) {
+	if strings.Contains(rel, "..") || path.IsAbs(rel) {
+		return nil, "", fmt.Errorf("initramfs: bad module path %q", rel)
+	}
+	src := filepath.Join(modulesDir, filepath.FromSlash(rel))
+	var tool string
+	switch {
+	case strings.HasSuffix(rel, ".ko"):
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return nil, "", fmt.Errorf("initramfs: module: %w", err)
+		}
+		return b, rel, nil
+	case strings.HasSuffix(rel, ".ko.xz"):
+		tool = "xz"
+	case strings.HasSuffix(rel, ".ko.zst"):
+		tool = "zstd"
+	case strings.HasSuffix(rel, ".ko.gz"):
+		tool = "gzip"
+	default:
+		return nil, "", fmt.Errorf("initramfs: module %s: unknown file type", rel)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(tool, "-dc", src)
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("initramfs: decompress %s with %s: %w: %s", rel, tool, err, strings.TrimSpace(stderr.String()))
+	}
+	return b, rel[:strings.LastIndex(rel, ".ko")+3], nil
+}
+
+// writeGzip writes the archive gzip-compressed to out via a temp file and rename.
+func writeGzip(a *Archive, out string) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(out), ".initramfs-*.tmp")
+	if err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	defer os.Remove(f.Name()) // no-op after the rename
+	zw, _ := gzip.NewWriterLevel(f, gzip.BestCompression)
+	// A zero header (no name, no mtime) keeps the output a function of the content only.
+	if _, err := a.WriteTo(zw); err != nil {
+		f.Close()
+		return fmt.Errorf("initramfs: write: %w", err)
+	}
+	err = errors.Join(zw.Close(), f.Sync(), f.Chmod(0o644), f.Close())
+	if err != nil {
+		return fmt.Errorf("initramfs: write: %w", err)
+	}
+	if err := os.Rename(f.Name(), out); err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	return nil
+}
