@@ -54,6 +54,10 @@ func (n *network) judgeTCP(dst netip.Addr, port int) verdict {
 			v.ev.Reason = "the gateway serves only dns on port 53"
 		}
 		return v
+	case port == 53:
+		v.ev.Layer = audit.LayerDNS
+		v.ev.Reason = "dns goes only to the gateway resolver " + GatewayIP
+		return v
 	case mode == netstackapi.ModeAllowAll:
 		v.ev.Decision, v.ev.Rule = audit.Allow, ruleAllowAll
 		v.ev.Reason = "egress mode allow-all until " + pol.AllowAllUntil.UTC().Format(time.RFC3339)
