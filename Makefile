@@ -1,0 +1,44 @@
+# nexus — build, run the demo, test, bench. Every target works on a fresh Debian 12 machine as root.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+export NEXUS_HOME ?= $(HOME)/.local/share/nexus
+# apt packages the stack and its tests need; installed only when missing.
+APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fsprogs tmux \
+	openssh-server openssh-client git curl ca-certificates socat passt mitmproxy
+# Packages with VMs are tested one at a time; everything else in parallel with -race.
+VM_PKGS := ./services/vmm/... ./e2e/...
+
+.PHONY: all build deps run test test-unit test-vm bench clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/nexus-agent ./services/vmm/agent/cmd/nexus-agent
+	$(GO) build -o $(BIN)/nexus .
+
+run: deps build
+	./scripts/demo.sh
+
+test: deps build test-unit test-vm
+
+test-unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /services/vmm -e /e2e)
+
+test-vm:
+	$(GO) test -count=1 -p 1 -timeout 40m $(VM_PKGS)
+
+bench: deps build
+	./scripts/bench.sh
+
+clean:
+	rm -rf $(BIN)

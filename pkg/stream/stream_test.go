@@ -1,0 +1,127 @@
+package stream_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/stream"
+	"github.com/IniZio/nexus/pkg/testutil"
+)
+
+func TestStreamDeliversInOrderUnderCredit(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, 3*stream.Window+12345)
+	rand.Read(payload)
+	go func() {
+		srv.Write(stream.KindStdout, payload)
+		srv.Send(stream.KindExit, map[string]int{"code": 3})
+		srv.Close()
+	}()
+	var got bytes.Buffer
+	for {
+		m, err := cli.Recv()
+		if err != nil {
+			if !errors.Is(err, stream.ErrClosed) {
+				t.Fatal(err)
+			}
+			break
+		}
+		if m.Kind == stream.KindStdout {
+			if len(m.Data) > stream.MaxChunk {
+				t.Fatalf("chunk of %d bytes", len(m.Data))
+			}
+			got.Write(m.Data)
+		}
+		if m.Kind == stream.KindExit && string(m.Data) != `{"code":3}` {
+			t.Fatalf("exit %s", m.Data)
+		}
+	}
+	if !bytes.Equal(got.Bytes(), payload) {
+		t.Fatalf("received %d bytes, want %d identical", got.Len(), len(payload))
+	}
+}
+
+func TestWriterBlocksWithoutCredit(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	if _, err := stream.Client(b.Connect(t, bus.UserCLI), sid); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan int, 1)
+	go func() {
+		n := 0
+		chunk := make([]byte, stream.MaxChunk)
+		for n < 2*stream.Window {
+			if srv.Write(stream.KindStdout, chunk) != nil {
+				break
+			}
+			n += len(chunk)
+			select {
+			case wrote <- n:
+			default:
+				<-wrote
+				wrote <- n
+			}
+		}
+	}()
+	// Nobody reads on the client: the writer must stop at the window.
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		select {
+		case n := <-wrote:
+			wrote <- n
+			if n == stream.Window {
+				return nil
+			}
+			return errors.New("still writing")
+		default:
+			return errors.New("nothing written yet")
+		}
+	})
+	time.Sleep(100 * time.Millisecond) // give a runaway writer the chance to show itself
+	if n := <-wrote; n != stream.Window {
+		t.Fatalf("writer sent %d bytes without credit, window is %d", n, stream.Window)
+	}
+	srv.Close()
+}
+
+func TestPeerGoneIsDetected(t *testing.T) {
+	oldPing, oldGone := stream.PingEvery, stream.PeerGone
+	stream.PingEvery, stream.PeerGone = 20*time.Millisecond, 200*time.Millisecond
+	defer func() { stream.PingEvery, stream.PeerGone = oldPing, oldGone }()
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cliConn := b.Connect(t, bus.UserCLI)
+	if _, err := stream.Client(cliConn, sid); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliConn.Close() // the CLI was killed
+	select {
+	case <-srv.Done():
+		if !errors.Is(srv.Err(), stream.ErrPeerGone) {
+			t.Fatalf("ended with %v", srv.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a vanished client was not noticed")
+	}
+}
