@@ -1,0 +1,582 @@
+// Package mitm is the TLS-intercepting egress proxy of a nexus host (DESIGN §5).
+//
+// The netstack shim opens `CONNECT host:port` with `Proxy-Authorization: Basic
+// base64(<sandbox id>:<token>)` for every guest TLS/HTTP connection. The proxy identifies the
+// sandbox, terminates the guest's TLS with a leaf minted by the per-installation CA for the
+// CONNECT host, and judges every request: the TLS server name and every Host header must be the
+// CONNECT host and on the sandbox's allowlist (the shared-CDN hole), a placeholder of the sandbox
+// may only travel to a host it is bound to (else 403, rule placeholder_leak), request policies
+// run, and `Authorization: Bearer <placeholder>` is swapped for the real credential from the
+// Resolver. Bodies stream in both directions; WebSocket upgrades pass. Each request ends in one
+// audit.Event, handed to the sink off the request path.
+//
+// It is built on elazarl/goproxy: goproxy owns the CONNECT and the HTTP/1.1 loop inside the
+// tunnel; this package supplies identity, certificates, policy, the swap and the upstream
+// transport.
+package mitm
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+	"github.com/rs/zerolog"
+
+	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// Log field keys.
+const (
+	logKeySandbox = "sandbox"
+	logKeyHost    = "host"
+	logKeyRule    = "rule"
+	logKeyDropped = "dropped"
+	logKeySource  = "source"
+)
+
+// Rules named in audit events.
+const (
+	RuleProxyAuth       = "proxy_auth"
+	RuleBadTarget       = "bad_target"
+	RuleHostAllowed     = "host_allowed"
+	RuleHostNotAllowed  = "host_not_allowed"
+	RuleHostMismatch    = "host_mismatch"
+	RuleSNIMismatch     = "sni_mismatch"
+	RulePlaceholderLeak = "placeholder_leak"
+	RuleCredRefused     = "cred_refused"
+	RuleCredUnavailable = "cred_unavailable"
+	RuleUpstreamError   = "upstream_error"
+)
+
+// DenyHeader carries the one-line reason of a refusal, also sent as the body.
+const DenyHeader = "X-Nexus-Deny"
+
+// UnknownSandbox is the audit sandbox of a CONNECT whose identity was not accepted.
+const UnknownSandbox = "unknown"
+
+// Config configures a Proxy.
+type Config struct {
+	// CADir holds the CA ($NEXUS_HOME/ca); created on first use.
+	CADir string
+	// Sandboxes identifies the sandbox behind each CONNECT.
+	Sandboxes Sandboxes
+	// Resolver turns a bound placeholder into the real credential. Without one, a request that
+	// needs a swap is answered 502.
+	Resolver Resolver
+	// Audit receives one event per request, from a goroutine of its own. Nil discards.
+	Audit  audit.Sink
+	Logger zerolog.Logger
+
+	// ExtraRootCAs are trusted for upstream TLS besides the system roots (tests).
+	ExtraRootCAs []*x509.Certificate
+	// ResolverOverrides maps a host name (or "host:port") to the address dialled instead, like
+	// curl --resolve (tests). The key "*" matches every host.
+	ResolverOverrides map[string]string
+
+	// LeafCacheSize bounds the cached leaf certificates (default 1024).
+	LeafCacheSize int
+	// IdleTimeout closes a tunnel whose guest sent nothing for this long (default 10 minutes).
+	IdleTimeout time.Duration
+	// ResolveTimeout bounds one credential resolve (default 5 s).
+	ResolveTimeout time.Duration
+}
+
+// Proxy is the MITM proxy.
+type Proxy struct {
+	cfg    Config
+	log    zerolog.Logger
+	ca     *CA
+	leaves *leafCache
+	gp     *goproxy.ProxyHttpServer
+	tr     *http.Transport
+	audit  *auditQueue
+
+	mitmAction   *goproxy.ConnectAction
+	rejectAction *goproxy.ConnectAction
+	rt           goproxy.RoundTripper
+
+	mu      sync.Mutex
+	closed  bool
+	servers map[*http.Server]struct{}
+	conns   map[*idleConn]struct{}
+}
+
+// New loads (or creates) the CA and builds the proxy. It does not listen: call Serve.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Sandboxes == nil {
+		return nil, errors.New("mitm: no Sandboxes configured")
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 10 * time.Minute
+	}
+	if cfg.ResolveTimeout <= 0 {
+		cfg.ResolveTimeout = 5 * time.Second
+	}
+	sink := cfg.Audit
+	if sink == nil {
+		sink = audit.SinkFunc(func(context.Context, audit.Event) {})
+	}
+	ca, err := LoadOrCreateCA(cfg.CADir)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := newUpstreamTransport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		ca:      ca,
+		leaves:  newLeafCache(ca, cfg.LeafCacheSize),
+		tr:      tr,
+		audit:   newAuditQueue(sink, cfg.Logger),
+		servers: map[*http.Server]struct{}{},
+		conns:   map[*idleConn]struct{}{},
+	}
+	p.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: p.tlsConfig}
+	p.rejectAction = &goproxy.ConnectAction{Action: goproxy.ConnectReject}
+	p.rt = goproxy.RoundTripperFunc(p.roundTrip)
+
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = goproxyLogger{p.log}
+	gp.Tr = tr
+	gp.ConnectDial = nil // never chain to an HTTPS_PROXY from the environment
+	gp.KeepAcceptEncoding = true
+	gp.AllowHTTP2 = false
+	gp.OnRequest().HandleConnectFunc(p.onConnect)
+	gp.OnRequest().DoFunc(p.onRequest)
+	p.gp = gp
+	return p, nil
+}
+
+// CACertPEM is the CA certificate guests must trust.
+func (p *Proxy) CACertPEM() []byte { return p.ca.CertPEM() }
+
+// Serve accepts CONNECTs on ln until Close. It returns nil after Close.
+func (p *Proxy) Serve(ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: 30 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          log.New(logWriter{p.log}, "", 0),
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errors.New("mitm: proxy is closed")
+	}
+	p.servers[srv] = struct{}{}
+	p.mu.Unlock()
+	err := srv.Serve(&trackedListener{Listener: ln, p: p})
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops every Serve, closes all tunnels and flushes pending audit events to the sink.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	servers := p.servers
+	conns := p.conns
+	p.conns = map[*idleConn]struct{}{}
+	p.mu.Unlock()
+	for s := range servers {
+		s.Close()
+	}
+	for c := range conns {
+		c.Conn.Close()
+	}
+	p.tr.CloseIdleConnections()
+	p.audit.close()
+	return nil
+}
+
+// ServeHTTP accepts only CONNECT: the netstack shim never sends anything else.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		msg := "nexus: refused: this is the nexus egress proxy; it accepts only CONNECT from the netstack"
+		w.Header().Set(DenyHeader, msg)
+		http.Error(w, msg, http.StatusMethodNotAllowed)
+		return
+	}
+	p.gp.ServeHTTP(hijackNotifier{w}, r)
+}
+
+// session is one CONNECT tunnel.
+type session struct {
+	sb      *Sandbox
+	host    string // normalized CONNECT host
+	port    string
+	addr    string // host:port dialled upstream, whatever a request's Host says
+	allowed bool
+}
+
+// reqState is one request inside a tunnel.
+type reqState struct {
+	sess    *session
+	method  string
+	path    string
+	swapped bool
+	reqBody *countingBody
+}
+
+func (p *Proxy) onConnect(target string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+	r := ctx.Req
+	sb, err := p.identify(r)
+	if err != nil {
+		host, _, _ := splitHostPort(target, "443")
+		p.emit(audit.Event{Sandbox: UnknownSandbox, Layer: audit.LayerHTTP, Host: host, Method: http.MethodConnect,
+			Status: http.StatusProxyAuthRequired, Decision: audit.Deny, Rule: RuleProxyAuth, Reason: "unknown sandbox identity"})
+		p.log.Warn().Str(logKeyRule, RuleProxyAuth).Str(logKeySource, r.RemoteAddr).Msg("CONNECT with an unknown sandbox identity")
+		resp := textResponse(r, http.StatusProxyAuthRequired, "nexus: refused: unknown sandbox identity")
+		resp.Header.Set("Proxy-Authenticate", `Basic realm="nexus"`)
+		ctx.Resp = resp
+		return p.rejectAction, target
+	}
+	host, port, err := splitHostPort(target, "443")
+	if err != nil {
+		p.emit(audit.Event{Sandbox: sb.ID, Layer: audit.LayerHTTP, Method: http.MethodConnect,
+			Status: http.StatusBadRequest, Decision: audit.Deny, Rule: RuleBadTarget, Reason: "bad CONNECT target"})
+		ctx.Resp = textResponse(r, http.StatusBadRequest, "nexus: refused: bad CONNECT target")
+		return p.rejectAction, target
+	}
+	ctx.UserData = &session{sb: sb, host: host, port: port, addr: net.JoinHostPort(host, port), allowed: sb.Allowed.Match(host)}
+	return p.mitmAction, target
+}
+
+// identify checks Proxy-Authorization: Basic base64(<sandbox id>:<token>).
+func (p *Proxy) identify(r *http.Request) (*Sandbox, error) {
+	v := r.Header.Get("Proxy-Authorization")
+	id, token, ok := basicAuth(v)
+	if !ok || id == "" || token == "" || len(id) > 256 {
+		return nil, errdefs.Refused("no sandbox identity")
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	sb, err := p.cfg.Sandboxes.Lookup(ctx, id)
+	if err != nil || sb == nil || !sb.tokenOK(token) {
+		return nil, errdefs.Refused("unknown sandbox identity")
+	}
+	return sb, nil
+}
+
+var errSNIMismatch = errors.New("mitm: TLS server name does not match the CONNECT host")
+
+// tlsConfig serves the guest's TLS with a leaf for the CONNECT host. A ClientHello naming any
+// other server is refused: the tunnel's host is fixed by the CONNECT that the allowlist judged.
+func (p *Proxy) tlsConfig(_ string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
+	sess := ctx.UserData.(*session)
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if hello.ServerName != "" {
+				sni, err := normalizeHost(hello.ServerName)
+				if err != nil || sni != sess.host {
+					p.emit(audit.Event{Sandbox: sess.sb.ID, Layer: audit.LayerTLS, Host: sess.host, Decision: audit.Deny,
+						Rule: RuleSNIMismatch, Reason: "TLS server name differs from the CONNECT host"})
+					return nil, errSNIMismatch
+				}
+			}
+			return p.leaves.get(sess.host)
+		},
+	}, nil
+}
+
+func (p *Proxy) onRequest(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	sess, ok := ctx.UserData.(*session)
+	if !ok {
+		return req, textResponse(req, http.StatusMethodNotAllowed, "nexus: refused: only CONNECT tunnels are served")
+	}
+	rs := &reqState{sess: sess, method: req.Method, path: redactPlaceholders(sess.sb, req.URL.Path)}
+	ctx.UserData = rs
+	ctx.RoundTripper = p.rt
+	sb := sess.sb
+
+	if !sess.allowed {
+		return req, p.deny(req, rs, http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host))
+	}
+	if h, ok := requestHost(req, sess.port); !ok || h != sess.host {
+		return req, p.deny(req, rs, http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host))
+	}
+	use := scanPlaceholders(sb, req, sess.host)
+	if use.leak {
+		return req, p.deny(req, rs, http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
+			"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
+			sess.host, sess.host))
+	}
+	if sb.Policy != nil {
+		v := sb.Policy.Decide(req, sess.host)
+		if v.Deny {
+			rule := v.Rule
+			if rule == "" {
+				rule = "http_policy"
+			}
+			reason := oneLine(v.Reason)
+			if reason == "" {
+				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, sess.host)
+			}
+			return req, p.deny(req, rs, http.StatusForbidden, rule, reason)
+		}
+		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
+			req.Header.Del("Authorization")
+			use.bearer, use.basicPass = "", ""
+		}
+	}
+	if use.bearer != "" || use.basicPass != "" {
+		placeholder := use.bearer
+		if placeholder == "" {
+			placeholder = use.basicPass
+		}
+		secret, err := p.resolve(req.Context(), sb.ID, sess.host, placeholder)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrRefused) {
+				return req, p.deny(req, rs, http.StatusForbidden, RuleCredRefused, fmt.Sprintf(
+					"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", sess.host))
+			}
+			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Str("error", redactHex64(err.Error())).Msg("credential resolve failed")
+			return req, p.deny(req, rs, http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
+				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host))
+		}
+		if use.bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+secret)
+		} else {
+			req.SetBasicAuth(use.basicUser, secret)
+		}
+		rs.swapped = true
+	}
+	// Whatever the request says, it goes to the host the tunnel was opened and judged for.
+	req.URL.Host = sess.addr
+	if req.Body != nil && req.Body != http.NoBody {
+		rs.reqBody = &countingBody{ReadCloser: req.Body}
+		req.Body = rs.reqBody
+	}
+	return req, nil
+}
+
+func (p *Proxy) resolve(ctx context.Context, sandboxID, host, placeholder string) (string, error) {
+	if p.cfg.Resolver == nil {
+		return "", errdefs.Unavailable("no credential resolver")
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ResolveTimeout)
+	defer cancel()
+	return p.cfg.Resolver.Resolve(ctx, sandboxID, host, placeholder)
+}
+
+// roundTrip sends an allowed request upstream. Errors become a 502 the agent can read instead of
+// a silently closed connection, and the audit event is emitted when the response body closes.
+func (p *Proxy) roundTrip(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Response, error) {
+	rs := ctx.UserData.(*reqState)
+	resp, err := p.tr.RoundTrip(req)
+	if err != nil {
+		p.log.Warn().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str("error", redactHex64(err.Error())).Msg("upstream request failed")
+		reason := fmt.Sprintf("nexus: upstream %s did not answer (%s)", rs.sess.host, upstreamErrorClass(err))
+		resp := textResponse(req, http.StatusBadGateway, reason)
+		resp.Close = true
+		p.emitRequest(rs, http.StatusBadGateway, 0, audit.Allow, RuleUpstreamError, reason)
+		return resp, nil
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+		// 101: goproxy needs the body's io.ReadWriter to splice the WebSocket; the bytes that
+		// follow are not counted.
+		p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, RuleHostAllowed, "")
+		return resp, nil
+	}
+	status := resp.StatusCode
+	resp.Body = &countingBody{ReadCloser: resp.Body, onClose: func(n int64) {
+		p.emitRequest(rs, status, n, audit.Allow, RuleHostAllowed, "")
+	}}
+	return resp, nil
+}
+
+func (p *Proxy) deny(req *http.Request, rs *reqState, status int, rule, reason string) *http.Response {
+	resp := textResponse(req, status, reason)
+	if req.Body != nil && req.Body != http.NoBody {
+		// The body was not read: do not make the guest's connection wait on it.
+		resp.Close = true
+	}
+	p.emitRequest(rs, status, 0, audit.Deny, rule, reason)
+	p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, rule).Msg("request refused")
+	return resp
+}
+
+func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision, rule, reason string) {
+	n := respBytes
+	if rs.reqBody != nil {
+		n += rs.reqBody.n.Load()
+	}
+	p.emit(audit.Event{
+		Sandbox: rs.sess.sb.ID, Layer: audit.LayerHTTP, Host: rs.sess.host, Port: atoiPort(rs.sess.port),
+		Method: rs.method, Path: rs.path, Status: status, Bytes: n,
+		Decision: decision, Rule: rule, Reason: reason, Swapped: rs.swapped,
+	})
+}
+
+func (p *Proxy) emit(ev audit.Event) {
+	ev.Time = time.Now()
+	p.audit.emit(ev)
+}
+
+// requestHost is the host a request names: its Host header (the absolute URL's host, when the
+// request line carries one, is what net/http puts there). Ports other than the tunnel's are a
+// mismatch too.
+func requestHost(req *http.Request, tunnelPort string) (string, bool) {
+	hosts := []string{req.Host}
+	if req.URL != nil && req.URL.Host != "" {
+		hosts = append(hosts, req.URL.Host)
+	}
+	var out string
+	for _, hp := range hosts {
+		if hp == "" {
+			continue
+		}
+		h, port, err := splitHostPort(hp, tunnelPort)
+		if err != nil {
+			return safeHost(hp), false
+		}
+		if port != tunnelPort {
+			return h + ":" + port, false
+		}
+		if out != "" && h != out {
+			return h, false
+		}
+		out = h
+	}
+	return out, out != ""
+}
+
+func notAllowedReason(host string) string {
+	return fmt.Sprintf("nexus: refused: host %s is not in this sandbox's allowlist (add it with --allow-host %s or egress.allow in .nexus/config.yaml)", host, host)
+}
+
+func mismatchReason(got, tunnel string) string {
+	if got == "" {
+		got = "(none)"
+	}
+	return fmt.Sprintf("nexus: refused: Host %s does not match the TLS server name %s; one connection serves one host (open a new connection to %s; it must be allowed with --allow-host or egress.allow in .nexus/config.yaml)",
+		got, tunnel, got)
+}
+
+// safeHost makes an untrusted host string printable on one line.
+func safeHost(s string) string {
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c < 0x21 || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}
+
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+func atoiPort(s string) int {
+	n := 0
+	for _, c := range s {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+func upstreamErrorClass(err error) string {
+	var ce *tls.CertificateVerificationError
+	var ne net.Error
+	switch {
+	case errors.As(err, &ce):
+		return "its TLS certificate is not trusted"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case strings.Contains(err.Error(), "connection refused"):
+		return "connection refused"
+	case strings.Contains(err.Error(), "no such host"):
+		return "no such host"
+	default:
+		return "connection failed"
+	}
+}
+
+// textResponse is a short text/plain response; for refusals its one line is also X-Nexus-Deny.
+func textResponse(req *http.Request, status int, line string) *http.Response {
+	body := line + "\n"
+	h := http.Header{}
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set(DenyHeader, line)
+	return &http.Response{
+		Status:        fmt.Sprintf("%d %s", status, http.StatusText(status)),
+		StatusCode:    status,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          io.NopCloser(strings.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Request:       req,
+	}
+}
+
+// countingBody counts bytes read through it and reports the total once, on Close.
+type countingBody struct {
+	io.ReadCloser
+	n       atomic.Int64
+	once    sync.Once
+	onClose func(int64)
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *countingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() {
+		if b.onClose != nil {
+			b.onClose(b.n.Load())
+		}
+	})
+	return err
+}
+
+// goproxyLogger sends goproxy's warnings to zerolog at debug level. goproxy may print URLs, so
+// anything shaped like a placeholder is redacted first.
+type goproxyLogger struct{ log zerolog.Logger }
+
+func (l goproxyLogger) Printf(format string, v ...any) {
+	l.log.Debug().Str(logKeySource, "goproxy").Msg(redactHex64(strings.TrimSpace(fmt.Sprintf(format, v...))))
+}
+
+type logWriter struct{ log zerolog.Logger }
+
+func (w logWriter) Write(b []byte) (int, error) {
+	w.log.Debug().Str(logKeySource, "http").Msg(redactHex64(strings.TrimSpace(string(b))))
+	return len(b), nil
+}
