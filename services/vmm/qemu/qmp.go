@@ -1,0 +1,273 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxQMPLine bounds one QMP message. QEMU's replies to the commands we send are far smaller.
+const maxQMPLine = 1 << 20
+
+// ErrQMPClosed is returned by Execute once the connection has ended.
+var ErrQMPClosed = errors.New("qmp: connection closed")
+
+// Event is an asynchronous QMP event such as STOP, RESUME or SHUTDOWN.
+type Event struct {
+	Name string
+	Data json.RawMessage
+	Time time.Time
+}
+
+// QMPError is an error reply from QEMU.
+type QMPError struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+func (e *QMPError) Error() string { return e.Class + ": " + e.Desc }
+
+// message is any line QEMU sends: greeting, reply or event.
+type message struct {
+	QMP       json.RawMessage `json:"QMP,omitempty"`
+	Return    json.RawMessage `json:"return,omitempty"`
+	Error     *QMPError       `json:"error,omitempty"`
+	Event     string          `json:"event,omitempty"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	ID        json.RawMessage `json:"id,omitempty"`
+	Timestamp *struct {
+		Seconds      int64 `json:"seconds"`
+		Microseconds int64 `json:"microseconds"`
+	} `json:"timestamp,omitempty"`
+}
+
+// decodeMessage parses one QMP line and checks it is one of the three kinds of message.
+func decodeMessage(line []byte) (*message, error) {
+	if len(line) > maxQMPLine {
+		return nil, errors.New("qmp: message too long")
+	}
+	var m message
+	if err := json.Unmarshal(line, &m); err != nil {
+		return nil, fmt.Errorf("qmp: bad message: %w", err)
+	}
+	kinds := 0
+	if m.QMP != nil {
+		kinds++
+	}
+	if m.Return != nil || m.Error != nil {
+		kinds++
+	}
+	if m.Event != "" {
+		kinds++
+	}
+	if kinds != 1 {
+		return nil, errors.New("qmp: message is not exactly one of greeting, reply, event")
+	}
+	if len(m.Event) > 128 {
+		return nil, errors.New("qmp: event name too long")
+	}
+	return &m, nil
+}
+
+// QMP is a client for QEMU's machine protocol on a unix socket. Execute may be called from
+// several goroutines; events go to a bounded channel and the oldest are dropped when nobody reads.
+type QMP struct {
+	conn    net.Conn
+	wmu     sync.Mutex
+	nextID  atomic.Uint64
+	mu      sync.Mutex
+	pending map[string]chan *message
+	events  chan Event
+	done    chan struct{}
+	err     error // why the reader stopped; set before done is closed
+}
+
+// DialQMP connects to a QMP socket, reads the greeting and negotiates capabilities.
+func DialQMP(ctx context.Context, path string) (*QMP, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("qmp: dial: %w", err)
+	}
+	q := &QMP{
+		conn:    conn,
+		pending: map[string]chan *message{},
+		events:  make(chan Event, 64),
+		done:    make(chan struct{}),
+	}
+	r := bufio.NewReaderSize(conn, 64<<10)
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetReadDeadline(dl)
+	} else {
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	}
+	line, err := readLine(r)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("qmp: greeting: %w", err)
+	}
+	m, err := decodeMessage(line)
+	if err != nil || m.QMP == nil {
+		conn.Close()
+		return nil, fmt.Errorf("qmp: greeting: unexpected %q", truncate(line, 120))
+	}
+	conn.SetReadDeadline(time.Time{})
+	go q.readLoop(r)
+	if _, err := q.Execute(ctx, "qmp_capabilities", nil); err != nil {
+		q.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// readLine reads one newline-terminated line of at most maxQMPLine bytes.
+func readLine(r *bufio.Reader) ([]byte, error) {
+	var buf []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(buf)+len(chunk) > maxQMPLine {
+			return nil, errors.New("qmp: message too long")
+		}
+		buf = append(buf, chunk...)
+		if err == nil {
+			return buf, nil
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return nil, err
+		}
+	}
+}
+
+func (q *QMP) readLoop(r *bufio.Reader) {
+	var err error
+	for {
+		var line []byte
+		line, err = readLine(r)
+		if err != nil {
+			break
+		}
+		m, derr := decodeMessage(line)
+		if derr != nil {
+			err = derr
+			break
+		}
+		switch {
+		case m.Event != "":
+			ev := Event{Name: m.Event, Data: m.Data}
+			if m.Timestamp != nil {
+				ev.Time = time.Unix(m.Timestamp.Seconds, m.Timestamp.Microseconds*1000)
+			}
+			q.pushEvent(ev)
+		case m.Return != nil || m.Error != nil:
+			var id string
+			if json.Unmarshal(m.ID, &id) != nil {
+				continue // a reply we did not ask for
+			}
+			q.mu.Lock()
+			ch := q.pending[id]
+			delete(q.pending, id)
+			q.mu.Unlock()
+			if ch != nil {
+				ch <- m
+			}
+		}
+	}
+	q.mu.Lock()
+	q.err = err
+	q.mu.Unlock()
+	close(q.done)
+	q.conn.Close()
+	close(q.events)
+}
+
+func (q *QMP) pushEvent(ev Event) {
+	for {
+		select {
+		case q.events <- ev:
+			return
+		default:
+		}
+		select { // full: drop the oldest
+		case <-q.events:
+		default:
+		}
+	}
+}
+
+// Events returns the event channel; it is closed when the connection ends.
+func (q *QMP) Events() <-chan Event { return q.events }
+
+// Done is closed when the connection ends (QEMU exited or Close was called).
+func (q *QMP) Done() <-chan struct{} { return q.done }
+
+// Execute runs one command and returns its "return" value. args may be nil.
+func (q *QMP) Execute(ctx context.Context, command string, args any) (json.RawMessage, error) {
+	id := strconv.FormatUint(q.nextID.Add(1), 10)
+	req := map[string]any{"execute": command, "id": id}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", command, err)
+	}
+	ch := make(chan *message, 1)
+	q.mu.Lock()
+	select {
+	case <-q.done:
+		q.mu.Unlock()
+		return nil, fmt.Errorf("qmp %s: %w", command, ErrQMPClosed)
+	default:
+	}
+	q.pending[id] = ch
+	q.mu.Unlock()
+	defer func() {
+		q.mu.Lock()
+		delete(q.pending, id)
+		q.mu.Unlock()
+	}()
+
+	q.wmu.Lock()
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(10 * time.Second)
+	}
+	q.conn.SetWriteDeadline(dl)
+	_, err = q.conn.Write(append(b, '\n'))
+	q.wmu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", command, err)
+	}
+	select {
+	case m := <-ch:
+		if m.Error != nil {
+			return nil, fmt.Errorf("qmp %s: %w", command, m.Error)
+		}
+		return m.Return, nil
+	case <-q.done:
+		return nil, fmt.Errorf("qmp %s: %w", command, ErrQMPClosed)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("qmp %s: %w", command, ctx.Err())
+	}
+}
+
+// Close ends the connection; QEMU keeps running.
+func (q *QMP) Close() error {
+	err := q.conn.Close()
+	<-q.done
+	return err
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}

@@ -1,0 +1,326 @@
+package qemu
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// MinMemoryMiB is the least RAM the Debian guest kernel boots in reliably.
+const MinMemoryMiB = 128
+
+// Mount is a host directory shared into the guest over virtio-9p.
+type Mount struct {
+	HostPath string
+	Tag      string // 9p mount tag; default nexus<N> by position
+	ReadOnly bool
+}
+
+// Disk is an extra virtio-blk disk (named volumes).
+type Disk struct {
+	Path     string
+	Format   string // raw or qcow2; default raw
+	ReadOnly bool
+}
+
+// GuestNet is the static network configuration handed to the agent on the kernel command line.
+type GuestNet struct {
+	IP      string // CIDR, e.g. 192.168.127.2/24
+	Gateway string
+	DNS     string
+}
+
+// VMSpec describes one microVM.
+type VMSpec struct {
+	ID  string // sandbox id: [a-z0-9][a-z0-9-]{0,62}
+	Dir string // sandbox directory: sockets, logs, pidfile
+
+	Kernel        string // vmlinux (PVH, preferred) or bzImage
+	KernelVersion string // accelerator-probe cache key; default: kernel file name and size
+	Initrd        string
+	Hostname      string    // default ID
+	Net           *GuestNet // static IP config for the agent; nil: none
+	Cmdline       []string  // extra kernel command-line tokens
+
+	MemoryMiB int
+	VCPUs     int
+
+	Disk       string // root disk: qcow2 overlay over the read-only base image
+	NetSocket  string // unix socket of the user-mode network stack; empty: no NIC at all
+	MAC        string // default derived from ID
+	Mounts     []Mount
+	ExtraDisks []Disk
+
+	// RAMPath is the memory-backend file; default /dev/shm/nexus-<id>-<hash of Dir>.ram.
+	RAMPath string
+}
+
+var (
+	idRe    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	tagRe   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,31}$`)
+	macRe   = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+	tokenRe = regexp.MustCompile(`^[\x21-\x7e]{1,256}$`)
+)
+
+// Paths of the files in a VM directory.
+func pidPath(dir string) string     { return filepath.Join(dir, "qemu.pid") }
+func statePath(dir string) string   { return filepath.Join(dir, "vm.json") }
+func qmpPath(dir string) string     { return filepath.Join(dir, "qmp.sock") }
+func consolePath(dir string) string { return filepath.Join(dir, "console.log") }
+func logPath(dir string) string     { return filepath.Join(dir, "qemu.log") }
+
+// AgentSocket is the host end of the guest agent's virtio-serial port.
+func AgentSocket(dir string) string { return filepath.Join(dir, "agent.sock") }
+
+// ConsoleLog is the guest serial console log.
+func ConsoleLog(dir string) string { return consolePath(dir) }
+
+// AgentPortName is the virtio-serial port name the agent opens.
+const AgentPortName = "nexus.agent"
+
+func (s *VMSpec) validate() error {
+	if !idRe.MatchString(s.ID) {
+		return errdefs.Invalid("vm id %q must be 1-63 lowercase letters, digits or dashes", s.ID)
+	}
+	if !filepath.IsAbs(s.Dir) || strings.ContainsAny(s.Dir, ",\n") {
+		return errdefs.Invalid("vm %s: directory must be an absolute path without commas", s.ID)
+	}
+	// QEMU's unix socket paths must fit sun_path.
+	if len(qmpPath(s.Dir)) > 100 || len(AgentSocket(s.Dir)) > 100 {
+		return errdefs.Invalid("vm %s: directory path %s is too long for unix sockets", s.ID, s.Dir)
+	}
+	if s.MemoryMiB < MinMemoryMiB {
+		return errdefs.Invalid("memory %d MiB is below the guest minimum of %d MiB", s.MemoryMiB, MinMemoryMiB)
+	}
+	if s.MemoryMiB > 1<<20 {
+		return errdefs.Invalid("memory %d MiB is too large", s.MemoryMiB)
+	}
+	if s.VCPUs < 1 || s.VCPUs > 64 {
+		return errdefs.Invalid("vcpus %d must be between 1 and 64", s.VCPUs)
+	}
+	for name, p := range map[string]string{"kernel": s.Kernel, "initrd": s.Initrd} {
+		if err := regularFile(p); err != nil {
+			return errdefs.Invalid("vm %s: %s: %v", s.ID, name, err)
+		}
+	}
+	if s.Disk != "" {
+		if err := regularFile(s.Disk); err != nil {
+			return errdefs.Invalid("vm %s: disk: %v", s.ID, err)
+		}
+	}
+	for i, d := range s.ExtraDisks {
+		if err := regularFile(d.Path); err != nil {
+			return errdefs.Invalid("vm %s: extra disk %d: %v", s.ID, i, err)
+		}
+		if d.Format != "" && d.Format != "raw" && d.Format != "qcow2" {
+			return errdefs.Invalid("vm %s: extra disk %d: format %q is not raw or qcow2", s.ID, i, d.Format)
+		}
+	}
+	tags := map[string]bool{}
+	for i, m := range s.Mounts {
+		st, err := os.Stat(m.HostPath)
+		if err != nil || !st.IsDir() || !filepath.IsAbs(m.HostPath) {
+			return errdefs.Invalid("mount %s: host path must be an existing absolute directory", m.HostPath)
+		}
+		if strings.Contains(m.HostPath, ",") {
+			return errdefs.Invalid("mount %s: host path must not contain a comma", m.HostPath)
+		}
+		tag := mountTag(i, m)
+		if !tagRe.MatchString(tag) || tags[tag] {
+			return errdefs.Invalid("mount %s: tag %q must be unique, 1-31 of [A-Za-z0-9_.-]", m.HostPath, tag)
+		}
+		tags[tag] = true
+	}
+	if s.NetSocket != "" && (!filepath.IsAbs(s.NetSocket) || strings.Contains(s.NetSocket, ",")) {
+		return errdefs.Invalid("vm %s: network socket must be an absolute path without commas", s.ID)
+	}
+	if s.MAC != "" && !macRe.MatchString(s.MAC) {
+		return errdefs.Invalid("vm %s: mac %q is not aa:bb:cc:dd:ee:ff", s.ID, s.MAC)
+	}
+	if s.Net != nil {
+		if _, err := netip.ParsePrefix(s.Net.IP); err != nil {
+			return errdefs.Invalid("vm %s: guest ip %q is not a CIDR", s.ID, s.Net.IP)
+		}
+		for _, a := range []string{s.Net.Gateway, s.Net.DNS} {
+			if _, err := netip.ParseAddr(a); a != "" && err != nil {
+				return errdefs.Invalid("vm %s: %q is not an IP address", s.ID, a)
+			}
+		}
+	}
+	if s.Hostname != "" && !regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$`).MatchString(s.Hostname) {
+		return errdefs.Invalid("vm %s: hostname %q is not valid", s.ID, s.Hostname)
+	}
+	for _, t := range s.Cmdline {
+		if !tokenRe.MatchString(t) {
+			return errdefs.Invalid("vm %s: kernel command-line token %q must be printable without spaces", s.ID, t)
+		}
+	}
+	if s.RAMPath != "" && (!filepath.IsAbs(s.RAMPath) || strings.Contains(s.RAMPath, ",")) {
+		return errdefs.Invalid("vm %s: ram path must be absolute without commas", s.ID)
+	}
+	return nil
+}
+
+func regularFile(p string) error {
+	if p == "" {
+		return fmt.Errorf("not set")
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", p)
+	}
+	if strings.Contains(p, ",") {
+		return fmt.Errorf("%s: path must not contain a comma", p)
+	}
+	return nil
+}
+
+func mountTag(i int, m Mount) string {
+	if m.Tag != "" {
+		return m.Tag
+	}
+	return "nexus" + strconv.Itoa(i)
+}
+
+// defaultRAMPath names the RAM file by id and a hash of the directory, so two nexus homes (tests)
+// using the same id never share a file.
+func defaultRAMPath(id, dir string) string {
+	h := sha256.Sum256([]byte(dir))
+	return "/dev/shm/nexus-" + id + "-" + hex.EncodeToString(h[:4]) + ".ram"
+}
+
+// defaultMAC derives a stable locally administered unicast MAC from the id.
+func defaultMAC(id string) string {
+	h := sha256.Sum256([]byte("nexus-mac\x00" + id))
+	return fmt.Sprintf("5a:94:ef:%02x:%02x:%02x", h[0], h[1], h[2])
+}
+
+// kernelCmdline builds the command line the agent reads (see the agent's contract).
+func (s *VMSpec) kernelCmdline(accel string, now time.Time) string {
+	t := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet"}
+	if accel == AccelTCG {
+		// Under TCG the guest's PIT-based TSC calibration fails when the host is busy and the
+		// kernel then hangs with an unstable TSC; handing it the host TSC rate avoids that.
+		if khz := hostTSCkHz(); khz > 0 {
+			t = append(t, "tsc_early_khz="+strconv.Itoa(khz))
+		}
+	}
+	if s.Disk != "" {
+		t = append(t, "nexus.root=/dev/vda")
+	}
+	host := s.Hostname
+	if host == "" {
+		host = s.ID
+	}
+	t = append(t, "nexus.hostname="+host, "nexus.time="+strconv.FormatInt(now.Unix(), 10))
+	if s.Net != nil {
+		t = append(t, "nexus.ip="+s.Net.IP)
+		if s.Net.Gateway != "" {
+			t = append(t, "nexus.gw="+s.Net.Gateway)
+		}
+		if s.Net.DNS != "" {
+			t = append(t, "nexus.dns="+s.Net.DNS)
+		}
+	}
+	t = append(t, "nexus.agentport="+AgentPortName)
+	t = append(t, s.Cmdline...)
+	return strings.Join(t, " ")
+}
+
+// args builds QEMU's argument list. Device order is significant: the root disk comes first so
+// the guest names it /dev/vda.
+func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
+	cpu := "max"
+	accelArg := "tcg,thread=multi"
+	if accel == AccelKVM {
+		cpu, accelArg = "host", "kvm"
+	}
+	mem := strconv.Itoa(s.MemoryMiB) + "M"
+	a := []string{
+		"-name", "nexus-" + s.ID + ",process=nexus-" + s.ID,
+		// pit and pic stay at microvm's defaults (on): under TCG the guest hangs without them.
+		"-M", "microvm,x-option-roms=off,memory-backend=mem",
+		"-accel", accelArg,
+		"-cpu", cpu,
+		"-m", mem,
+		"-smp", strconv.Itoa(s.VCPUs),
+		"-object", "memory-backend-file,id=mem,size=" + mem + ",mem-path=" + ramPath + ",share=on",
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", s.Kernel,
+		"-initrd", s.Initrd,
+		"-append", s.kernelCmdline(accel, now),
+		"-chardev", "file,id=console,path=" + consolePath(s.Dir) + ",append=on",
+		"-serial", "chardev:console",
+		"-qmp", "unix:" + qmpPath(s.Dir) + ",server=on,wait=off",
+	}
+	if s.Disk != "" {
+		a = append(a,
+			"-drive", "id=root,file="+s.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+			"-device", "virtio-blk-device,drive=root,serial=nexus-root")
+	}
+	for i, d := range s.ExtraDisks {
+		f := d.Format
+		if f == "" {
+			f = "raw"
+		}
+		drive := fmt.Sprintf("id=disk%d,file=%s,format=%s,if=none,discard=unmap", i, d.Path, f)
+		if d.ReadOnly {
+			drive += ",read-only=on"
+		}
+		a = append(a, "-drive", drive, "-device", fmt.Sprintf("virtio-blk-device,drive=disk%d,serial=nexus-disk%d", i, i))
+	}
+	a = append(a,
+		"-device", "virtio-serial-device,max_ports=2",
+		"-chardev", "socket,id=agent,path="+AgentSocket(s.Dir)+",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name="+AgentPortName)
+	if s.NetSocket != "" {
+		mac := s.MAC
+		if mac == "" {
+			mac = defaultMAC(s.ID)
+		}
+		a = append(a,
+			"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path="+s.NetSocket,
+			"-device", "virtio-net-device,netdev=net0,mac="+mac)
+	}
+	for i, m := range s.Mounts {
+		fs := fmt.Sprintf("local,id=fs%d,path=%s,security_model=none", i, m.HostPath)
+		if m.ReadOnly {
+			fs += ",readonly=on"
+		}
+		a = append(a, "-fsdev", fs, "-device", fmt.Sprintf("virtio-9p-device,fsdev=fs%d,mount_tag=%s", i, mountTag(i, m)))
+	}
+	return a
+}
+
+// hostTSCkHz reads the host CPU clock from /proc/cpuinfo; under TCG the guest TSC ticks at the
+// host TSC rate. 0 when unknown.
+func hostTSCkHz() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || strings.TrimSpace(k) != "cpu MHz" {
+			continue
+		}
+		mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || mhz < 100 || mhz > 20000 {
+			return 0
+		}
+		return int(mhz * 1000)
+	}
+	return 0
+}

@@ -1,0 +1,419 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// maxConsoleLog is the console log size past which Start rotates it to console.log.1.
+const maxConsoleLog = 1 << 20
+
+// state is vm.json.
+type state struct {
+	ID      string    `json:"id"`
+	Pid     int       `json:"pid"`
+	Accel   string    `json:"accel"`
+	RAMPath string    `json:"ram_path"`
+	Started time.Time `json:"started"`
+	Binary  string    `json:"binary"`
+}
+
+// VM is a handle on one running QEMU process. Dropping the handle (Close) leaves QEMU running.
+type VM struct {
+	ID      string
+	Dir     string
+	Pid     int
+	Accel   string
+	Started time.Time
+	QMP     *QMP
+
+	ramPath string
+	pidfd   int
+	done    chan struct{}
+	mu      sync.Mutex
+	exitErr error
+}
+
+// Start launches QEMU for spec, detached in its own session, and returns once QMP answers.
+func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
+	if err := spec.validate(); err != nil {
+		return nil, err
+	}
+	accel, err := d.Accelerator(ctx, spec.Kernel, spec.KernelVersion)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if pid, err := readPid(spec.Dir); err == nil && processAlive(pid) && isOurQEMU(pid, spec.Dir) {
+		return nil, errdefs.Conflict("vm %s is already running (pid %d)", spec.ID, pid)
+	}
+	for _, p := range []string{qmpPath(spec.Dir), AgentSocket(spec.Dir), pidPath(spec.Dir), statePath(spec.Dir)} {
+		os.Remove(p)
+	}
+	rotate(consolePath(spec.Dir), maxConsoleLog)
+	ram := spec.RAMPath
+	if ram == "" {
+		ram = defaultRAMPath(spec.ID, spec.Dir)
+	}
+	os.Remove(ram)
+
+	logf, err := os.OpenFile(logPath(spec.Dir), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer logf.Close()
+	now := time.Now()
+	cmd := exec.Command(d.binary, spec.args(accel, ram, now)...)
+	cmd.Dir = spec.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Own session: a signal to the vmm's process group (or its death) does not reach QEMU.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		pidfd = -1 // pre-5.3 kernel: fall back to signals by pid
+	}
+	vm := &VM{
+		ID: spec.ID, Dir: spec.Dir, Pid: cmd.Process.Pid, Accel: accel, Started: now,
+		ramPath: ram, pidfd: pidfd, done: make(chan struct{}),
+	}
+	go func() {
+		err := cmd.Wait()
+		vm.exited(err)
+	}()
+	st := state{ID: spec.ID, Pid: vm.Pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary}
+	b, _ := json.Marshal(st)
+	if err := writeAtomic(statePath(spec.Dir), b); err == nil {
+		err = writeAtomic(pidPath(spec.Dir), []byte(strconv.Itoa(vm.Pid)+"\n"))
+	}
+	if err != nil {
+		vm.Kill()
+		vm.Close()
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if err := vm.connect(ctx); err != nil {
+		vm.Kill()
+		vm.Close()
+		if l := lastLine(logPath(spec.Dir)); l != "" {
+			return nil, fmt.Errorf("start %s: %w: %s", spec.ID, err, l)
+		}
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	d.cfg.Logger.Debug().Str("vm", spec.ID).Int("pid", vm.Pid).Str("accel", accel).Msg("qemu started")
+	return vm, nil
+}
+
+// connect waits for the QMP socket and negotiates, giving up if QEMU exits first.
+func (vm *VM) connect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(qmpPath(vm.Dir)); err == nil {
+			q, err := DialQMP(ctx, qmpPath(vm.Dir))
+			if err == nil {
+				vm.QMP = q
+				return nil
+			}
+		}
+		select {
+		case <-vm.done:
+			return fmt.Errorf("qmp: %w", errExited)
+		case <-ctx.Done():
+			return fmt.Errorf("qmp: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Adopt re-attaches to a QEMU started earlier (possibly by another process) in dir. It checks the
+// pid really is our QEMU for dir before trusting it. A QEMU that is gone is a not-found error and
+// its RAM file is removed.
+func (d *Driver) Adopt(ctx context.Context, dir string) (*VM, error) {
+	b, err := os.ReadFile(statePath(dir))
+	if err != nil {
+		return nil, errdefs.NotFound("adopt %s: no vm state: %v", dir, err)
+	}
+	var st state
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid <= 1 {
+		return nil, fmt.Errorf("adopt %s: bad vm.json", dir)
+	}
+	pid, err := readPid(dir)
+	if err != nil || pid != st.Pid {
+		return nil, fmt.Errorf("adopt %s: pidfile does not match vm.json", dir)
+	}
+	// Open the pidfd first and then verify the cmdline: if the pid was reused in between, we
+	// verify the new process and reject it, never signal a stranger later.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		removeRAM(st.RAMPath)
+		return nil, errdefs.NotFound("adopt %s: qemu pid %d is not running", dir, pid)
+	}
+	if !isOurQEMU(pid, dir) {
+		unix.Close(pidfd)
+		removeRAM(st.RAMPath)
+		return nil, errdefs.NotFound("adopt %s: pid %d is not the qemu for this directory", dir, pid)
+	}
+	vm := &VM{
+		ID: st.ID, Dir: dir, Pid: pid, Accel: st.Accel, Started: st.Started,
+		ramPath: st.RAMPath, pidfd: pidfd, done: make(chan struct{}),
+	}
+	watchFd, err := unix.Dup(pidfd)
+	if err != nil {
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("adopt %s: %w", dir, err)
+	}
+	go vm.watchPidfd(watchFd)
+	if err := vm.connect(ctx); err != nil {
+		vm.Close()
+		return nil, fmt.Errorf("adopt %s: %w", dir, err)
+	}
+	return vm, nil
+}
+
+// watchPidfd waits for a process we are not the parent of to exit. It owns fd (a dup of the
+// handle's pidfd) so Close on the handle cannot turn the poll into a false exit.
+func (vm *VM) watchPidfd(fd int) {
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err != nil && errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err == nil && fds[0].Revents&unix.POLLIN != 0 {
+			vm.exited(nil)
+		}
+		return
+	}
+}
+
+func (vm *VM) exited(err error) {
+	vm.mu.Lock()
+	select {
+	case <-vm.done:
+		vm.mu.Unlock()
+		return
+	default:
+	}
+	vm.exitErr = err
+	removeRAM(vm.ramPath)
+	close(vm.done)
+	vm.mu.Unlock()
+}
+
+// Done is closed when QEMU has exited.
+func (vm *VM) Done() <-chan struct{} { return vm.done }
+
+// Wait blocks until QEMU exits or ctx ends. For a VM we started, the error is QEMU's exit status.
+func (vm *VM) Wait(ctx context.Context) error {
+	select {
+	case <-vm.done:
+		vm.mu.Lock()
+		defer vm.mu.Unlock()
+		return vm.exitErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Exited reports whether QEMU has exited.
+func (vm *VM) Exited() bool {
+	select {
+	case <-vm.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Pause stops the vCPUs.
+func (vm *VM) Pause(ctx context.Context) error {
+	_, err := vm.QMP.Execute(ctx, "stop", nil)
+	return err
+}
+
+// Resume restarts the vCPUs.
+func (vm *VM) Resume(ctx context.Context) error {
+	_, err := vm.QMP.Execute(ctx, "cont", nil)
+	return err
+}
+
+// Status is QMP query-status: running, paused, shutdown, internal-error, ….
+func (vm *VM) Status(ctx context.Context) (string, error) {
+	raw, err := vm.QMP.Execute(ctx, "query-status", nil)
+	if err != nil {
+		return "", err
+	}
+	var s struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("qmp query-status: %w", err)
+	}
+	return s.Status, nil
+}
+
+// SystemPowerdown presses the ACPI power button; the guest decides what to do.
+func (vm *VM) SystemPowerdown(ctx context.Context) error {
+	_, err := vm.QMP.Execute(ctx, "system_powerdown", nil)
+	return err
+}
+
+// Quit asks QEMU to exit at once (no guest shutdown) and waits for it.
+func (vm *VM) Quit(ctx context.Context) error {
+	if _, err := vm.QMP.Execute(ctx, "quit", nil); err != nil && !errors.Is(err, ErrQMPClosed) {
+		return err
+	}
+	select {
+	case <-vm.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("quit %s: %w", vm.ID, ctx.Err())
+	}
+}
+
+// Kill sends SIGKILL and waits until the process is gone.
+func (vm *VM) Kill() error {
+	if vm.Exited() {
+		return nil
+	}
+	if err := vm.signal(unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill %s: %w", vm.ID, err)
+	}
+	select {
+	case <-vm.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("kill %s: pid %d still running after SIGKILL", vm.ID, vm.Pid)
+	}
+}
+
+// signal delivers sig through the pidfd (immune to pid reuse), or by pid once the handle is closed.
+func (vm *VM) signal(sig unix.Signal) error {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	if vm.pidfd >= 0 {
+		return unix.PidfdSendSignal(vm.pidfd, sig, nil, 0)
+	}
+	if !isOurQEMU(vm.Pid, vm.Dir) {
+		return unix.ESRCH
+	}
+	return unix.Kill(vm.Pid, sig)
+}
+
+// Close drops the handle (QMP connection, pidfd) and leaves QEMU running.
+func (vm *VM) Close() error {
+	if vm.QMP != nil {
+		vm.QMP.Close()
+	}
+	vm.mu.Lock()
+	if vm.pidfd >= 0 {
+		unix.Close(vm.pidfd)
+		vm.pidfd = -1
+	}
+	vm.mu.Unlock()
+	return nil
+}
+
+// Cleanup removes what Start left in the directory once QEMU has exited: pidfile, state,
+// sockets and the RAM file. The console log stays for `nexus logs`.
+func (vm *VM) Cleanup() error {
+	if !vm.Exited() {
+		return errdefs.Conflict("vm %s is still running", vm.ID)
+	}
+	vm.Close()
+	removeRAM(vm.ramPath)
+	var errs []error
+	for _, p := range []string{qmpPath(vm.Dir), AgentSocket(vm.Dir), pidPath(vm.Dir), statePath(vm.Dir)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RAMPath is the guest RAM file.
+func (vm *VM) RAMPath() string { return vm.ramPath }
+
+func removeRAM(p string) {
+	if p != "" && strings.HasPrefix(filepath.Base(p), "nexus-") {
+		os.Remove(p)
+	}
+}
+
+func readPid(dir string) (int, error) {
+	b, err := os.ReadFile(pidPath(dir))
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0, fmt.Errorf("bad pidfile %s", pidPath(dir))
+	}
+	return pid, nil
+}
+
+func processAlive(pid int) bool { return unix.Kill(pid, 0) == nil }
+
+// isOurQEMU checks /proc/<pid>/cmdline: a qemu-system binary whose QMP socket is dir's.
+func isOurQEMU(pid int, dir string) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		return false
+	}
+	args := bytes.Split(bytes.TrimRight(b, "\x00"), []byte{0})
+	if !strings.HasPrefix(filepath.Base(string(args[0])), "qemu-system") {
+		return false
+	}
+	want := "unix:" + qmpPath(dir) + ",server=on,wait=off"
+	for i := 0; i+1 < len(args); i++ {
+		if string(args[i]) == "-qmp" && string(args[i+1]) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// rotate moves a file past max bytes to <path>.1, replacing an older rotation.
+func rotate(path string, max int64) {
+	if st, err := os.Stat(path); err == nil && st.Size() > max {
+		os.Rename(path, path+".1")
+	}
+}
+
+func writeAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	err = errors.Join(werr, f.Sync(), f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
