@@ -75,6 +75,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 			bus.Handle(s, "pause", sub(api.VerbPause), g.apply(g.pause)),
 			bus.Handle(s, "resume", sub(api.VerbResume), g.apply(g.resume)),
 			bus.Handle(s, "remove", sub(api.VerbRemove), g.apply(g.remove)),
+			bus.Handle(s, "exec", sub(api.VerbExec), g.exec),
+			bus.Handle(s, "copy", sub(api.VerbCopy), g.copy),
+			bus.Handle(s, "logs", sub(api.VerbLogs), g.logs),
 		}
 		for _, err := range errs {
 			if err != nil {

@@ -40,6 +40,9 @@ func NewRoot() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(statusCommand())
 	addSandboxCommands(root)
+	for _, c := range extraCommands {
+		root.AddCommand(c())
+	}
 	return root
 }
 

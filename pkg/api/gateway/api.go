@@ -101,3 +101,57 @@ func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error)
 func (c *Client) Apply(ctx context.Context, verb string, r NamesRequest) ([]Result, error) {
 	return bus.Request[[]Result](ctx, c.nc, subject(verb), r)
 }
+
+// ExecRequest runs a command in a named sandbox; I/O flows on stream session SID, which the
+// caller opened (stream.Client) before asking.
+type ExecRequest struct {
+	Name    string   `json:"name"`
+	SID     string   `json:"sid"`
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env,omitempty"`
+	Dir     string   `json:"dir,omitempty"`
+	TTY     bool     `json:"tty,omitempty"`
+	Rows    uint16   `json:"rows,omitempty"`
+	Cols    uint16   `json:"cols,omitempty"`
+	Stdin   bool     `json:"stdin,omitempty"`
+	Timeout string   `json:"timeout,omitempty"`
+}
+
+// CopyRequest moves one file between the caller and a sandbox over stream session SID.
+type CopyRequest struct {
+	Name    string `json:"name"`
+	SID     string `json:"sid"`
+	ToGuest bool   `json:"to_guest"`
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode,omitempty"`
+	Size    int64  `json:"size,omitempty"`
+}
+
+// LogsRequest reads a sandbox's console (or agent) log from a cursor.
+type LogsRequest struct {
+	Name   string `json:"name"`
+	Offset int64  `json:"offset"`
+	Max    int    `json:"max,omitempty"`
+	Agent  bool   `json:"agent,omitempty"`
+}
+
+// LogsResponse is a chunk of log and the cursor to continue from.
+type LogsResponse struct {
+	Data       []byte `json:"data"`
+	NextOffset int64  `json:"next_offset"`
+}
+
+// Empty is the response of verbs that return nothing.
+type Empty struct{}
+
+func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
+	_, err := bus.Request[Empty](ctx, c.nc, subject(VerbExec), r)
+	return err
+}
+func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
+	_, err := bus.Request[Empty](ctx, c.nc, subject(VerbCopy), r)
+	return err
+}
+func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
+	return bus.Request[LogsResponse](ctx, c.nc, subject(VerbLogs), r)
+}

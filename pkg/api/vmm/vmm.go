@@ -128,3 +128,69 @@ func (c *Client) Inspect(ctx context.Context, id string) (VMInfo, error) {
 func (c *Client) List(ctx context.Context) ([]VMInfo, error) {
 	return bus.Request[[]VMInfo](ctx, c.nc, c.subject(VerbList), Empty{})
 }
+
+// ExecRequest starts a process in a sandbox; its I/O flows on stream session SID
+// (pkg/stream), which the caller opened before asking.
+type ExecRequest struct {
+	ID      string   `json:"id"`
+	SID     string   `json:"sid"`
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env,omitempty"`
+	Dir     string   `json:"dir,omitempty"`
+	TTY     bool     `json:"tty,omitempty"`
+	Rows    uint16   `json:"rows,omitempty"`
+	Cols    uint16   `json:"cols,omitempty"`
+	Stdin   bool     `json:"stdin,omitempty"`
+	User    string   `json:"user,omitempty"`
+	Timeout string   `json:"timeout,omitempty"` // Go duration; the process is killed when it passes
+}
+
+// Exit is the last message of an exec stream (kind exit).
+type Exit struct {
+	Code   int    `json:"code"`
+	Signal int    `json:"signal,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// Resize is a terminal size change (kind resize).
+type Resize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// CopyRequest moves one file between host and guest on stream session SID: to the guest the
+// caller writes the bytes as stdin then stdin-close; from the guest the vmm writes them as stdout.
+type CopyRequest struct {
+	ID      string `json:"id"`
+	SID     string `json:"sid"`
+	ToGuest bool   `json:"to_guest"`
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode,omitempty"`
+	Size    int64  `json:"size,omitempty"`
+}
+
+// LogsRequest reads a sandbox's console log from Offset (a cursor returned by the last call).
+type LogsRequest struct {
+	ID     string `json:"id"`
+	Offset int64  `json:"offset"`
+	Max    int    `json:"max,omitempty"` // at most this many bytes (default and cap 1 MiB)
+	Agent  bool   `json:"agent,omitempty"`
+}
+
+// LogsResponse is a chunk of log and the cursor to continue from.
+type LogsResponse struct {
+	Data       []byte `json:"data"`
+	NextOffset int64  `json:"next_offset"`
+}
+
+func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
+	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbExec), r)
+	return err
+}
+func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
+	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbCopy), r)
+	return err
+}
+func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
+	return bus.Request[LogsResponse](ctx, c.nc, c.subject(VerbLogs), r)
+}

@@ -1,0 +1,321 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/stream"
+)
+
+func init() { extraCommands = append(extraCommands, execCommand, attachCommand, cpCommand, logsCommand) }
+
+// extraCommands are added to the root by NewRoot.
+var extraCommands []func() *cobra.Command
+
+func execCommand() *cobra.Command {
+	var interactive, tty bool
+	var env []string
+	var dir, timeout string
+	cmd := &cobra.Command{
+		Use:   "exec NAME [flags] -- CMD [ARGS…]",
+		Short: "Run a command in a sandbox; its exit status is nexus's",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			req := api.ExecRequest{Name: args[0], Argv: args[1:], Env: env, Dir: dir, TTY: tty, Stdin: interactive, Timeout: timeout}
+			code, err := runExec(cmd.Context(), c, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			return ExitError{Code: code}
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin")
+	f.BoolVarP(&tty, "tty", "t", false, "allocate a pty (stderr is merged into stdout)")
+	f.StringArrayVarP(&env, "env", "e", nil, "set K=V in the command's environment (repeatable)")
+	f.StringVarP(&dir, "workdir", "w", "", "working directory in the guest")
+	f.StringVar(&timeout, "timeout", "", "kill the command after this long (e.g. 30s); exit status 124")
+	return cmd
+}
+
+func attachCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "attach NAME",
+		Short: "Open an interactive shell in a sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			req := api.ExecRequest{Name: args[0], Argv: []string{"/bin/sh", "-c", "exec $(command -v bash || echo /bin/sh) -l"}, TTY: true, Stdin: true,
+				Env: []string{"TERM=" + envOr("TERM", "xterm-256color")}}
+			code, err := runExec(cmd.Context(), c, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			return ExitError{Code: code}
+		},
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// runExec runs req and relays its I/O; it returns the guest command's exit status.
+func runExec(ctx context.Context, c *api.Client, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	for _, e := range req.Env {
+		if !strings.Contains(e, "=") {
+			return 0, usageError{fmt.Errorf("invalid -e %q: use KEY=VALUE", e)}
+		}
+	}
+	inFile, inIsFile := stdin.(*os.File)
+	isTerm := inIsFile && term.IsTerminal(int(inFile.Fd()))
+	if req.TTY && isTerm {
+		if w, h, err := term.GetSize(int(inFile.Fd())); err == nil {
+			req.Cols, req.Rows = uint16(w), uint16(h)
+		}
+	}
+	req.SID = stream.NewID()
+	sess, err := stream.Client(c.Conn(), req.SID)
+	if err != nil {
+		return 0, err
+	}
+	defer sess.Close()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = c.Exec(rctx, req)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	if req.TTY && isTerm {
+		old, err := term.MakeRaw(int(inFile.Fd()))
+		if err == nil {
+			defer term.Restore(int(inFile.Fd()), old)
+		}
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				if w, h, err := term.GetSize(int(inFile.Fd())); err == nil {
+					sess.Send(stream.KindResize, vmmapi.Resize{Rows: uint16(h), Cols: uint16(w)})
+				}
+			}
+		}()
+	}
+	if req.Stdin {
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := stdin.Read(buf)
+				if n > 0 {
+					if sess.Write(stream.KindStdin, buf[:n]) != nil {
+						return
+					}
+				}
+				if err != nil {
+					sess.Send(stream.KindStdinClose, nil)
+					return
+				}
+			}
+		}()
+	}
+	for {
+		m, err := sess.Recv()
+		if err != nil {
+			if errors.Is(err, stream.ErrPeerGone) {
+				return 0, fmt.Errorf("exec: lost the sandbox's output stream (is the vmm running?)")
+			}
+			return 0, fmt.Errorf("exec: the stream ended before the command exited: %w", err)
+		}
+		switch m.Kind {
+		case stream.KindStdout:
+			stdout.Write(m.Data)
+		case stream.KindStderr:
+			stderr.Write(m.Data)
+		case stream.KindExit:
+			var exit vmmapi.Exit
+			json.Unmarshal(m.Data, &exit)
+			if exit.Error != "" {
+				fmt.Fprintf(stderr, "nexus: %s\n", strings.TrimPrefix(exit.Error, "nexus: "))
+			}
+			return exit.Code, nil
+		}
+	}
+}
+
+func cpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file between host and sandbox (NAME:/path names the guest side)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := args[0], args[1]
+			sName, sPath, sGuest := guestPath(src)
+			dName, dPath, dGuest := guestPath(dst)
+			if sGuest == dGuest {
+				return usageError{errors.New("cp: exactly one of SRC and DST must be NAME:/path in a sandbox")}
+			}
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			sid := stream.NewID()
+			sess, err := stream.Client(c.Conn(), sid)
+			if err != nil {
+				return err
+			}
+			defer sess.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			if dGuest {
+				f, err := os.Open(src)
+				if err != nil {
+					return fmt.Errorf("cp: %w", err)
+				}
+				defer f.Close()
+				fi, err := f.Stat()
+				if err != nil || !fi.Mode().IsRegular() {
+					return fmt.Errorf("cp: %s is not a regular file", src)
+				}
+				if err := c.Copy(ctx, api.CopyRequest{Name: dName, SID: sid, ToGuest: true, Path: dPath, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()}); err != nil {
+					return err
+				}
+				go func() {
+					buf := make([]byte, stream.MaxChunk)
+					for {
+						n, err := f.Read(buf)
+						if n > 0 && sess.Write(stream.KindStdin, buf[:n]) != nil {
+							return
+						}
+						if err != nil {
+							sess.Send(stream.KindStdinClose, nil)
+							return
+						}
+					}
+				}()
+				return waitCopy(sess, nil)
+			}
+			tmp, err := os.CreateTemp(dirOf(dst), ".nexus-cp-*")
+			if err != nil {
+				return fmt.Errorf("cp: %w", err)
+			}
+			defer os.Remove(tmp.Name())
+			if err := c.Copy(ctx, api.CopyRequest{Name: sName, SID: sid, Path: sPath}); err != nil {
+				tmp.Close()
+				return err
+			}
+			if err := waitCopy(sess, tmp); err != nil {
+				tmp.Close()
+				return err
+			}
+			if err := tmp.Close(); err != nil {
+				return err
+			}
+			return os.Rename(tmp.Name(), dst)
+		},
+	}
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i+1]
+	}
+	return "."
+}
+
+// guestPath splits NAME:/path; anything else is a host path.
+func guestPath(s string) (name, path string, ok bool) {
+	i := strings.Index(s, ":/")
+	if i <= 0 || strings.ContainsRune(s[:i], '/') && strings.Count(s[:i], "/") > 1 {
+		return "", s, false
+	}
+	return s[:i], s[i+1:], true
+}
+
+func waitCopy(sess *stream.Session, w io.Writer) error {
+	for {
+		m, err := sess.Recv()
+		if err != nil {
+			return fmt.Errorf("cp: the stream ended early: %w", err)
+		}
+		switch m.Kind {
+		case stream.KindStdout:
+			if w != nil {
+				if _, err := w.Write(m.Data); err != nil {
+					return fmt.Errorf("cp: %w", err)
+				}
+			}
+		case stream.KindExit:
+			var exit vmmapi.Exit
+			json.Unmarshal(m.Data, &exit)
+			if exit.Code != 0 {
+				return fmt.Errorf("cp: %s", exit.Error)
+			}
+			return nil
+		}
+	}
+}
+
+func logsCommand() *cobra.Command {
+	var follow, agent bool
+	cmd := &cobra.Command{
+		Use:   "logs NAME",
+		Short: "Print a sandbox's console log (kernel and agent); -f follows it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			var off int64
+			wait := 100 * time.Millisecond
+			for {
+				resp, err := c.Logs(cmd.Context(), api.LogsRequest{Name: args[0], Offset: off, Agent: agent})
+				if err != nil {
+					return err
+				}
+				cmd.OutOrStdout().Write(resp.Data)
+				if agent || (!follow && len(resp.Data) == 0) {
+					return nil
+				}
+				if len(resp.Data) == 0 {
+					select {
+					case <-cmd.Context().Done():
+						return nil
+					case <-time.After(wait):
+					}
+					wait = min(2*wait, time.Second)
+				} else {
+					wait = 100 * time.Millisecond
+				}
+				off = resp.NextOffset
+			}
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	cmd.Flags().BoolVar(&agent, "agent", false, "print the guest agent's own log instead")
+	return cmd
+}

@@ -1,0 +1,277 @@
+// Package vmm is the VM service: it boots one QEMU microVM per sandbox from a root image, a
+// Debian kernel and an initramfs whose /init is the guest agent, keeps a channel to that agent,
+// and serves lifecycle, exec, copy and logs on nexus.vmm.<host>.<verb>. QEMU processes outlive
+// the service: a restarted vmm adopts them again from their pidfiles and QMP sockets.
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	api "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/services/vmm/guest"
+	"github.com/IniZio/nexus/services/vmm/qemu"
+)
+
+// GuestModules are the kernel modules every guest loads (with their dependencies).
+var GuestModules = []string{
+	"virtio_mmio", "virtio_blk", "virtio_net", "virtio_console", "9p", "9pnet_virtio",
+	"overlay", "vsock", "vmw_vsock_virtio_transport", "vsock_loopback", "ext4",
+}
+
+// Config configures the vmm service.
+type Config struct {
+	Bus     *nats.Conn
+	Home    home.Dir
+	Host    string
+	Log     zerolog.Logger
+	Version string
+	// AgentPath is the static guest agent binary; default nexus-agent beside this executable.
+	AgentPath string
+	QEMU      qemu.Config
+	// CacheDir holds downloads (kernel, busybox, debootstrap debs); default $NEXUS_HOME/cache,
+	// or $NEXUS_CACHE when set so that many test homes share one download.
+	CacheDir string
+	// BootTimeout bounds a boot until the agent answers; default 120s (TCG is slow).
+	BootTimeout time.Duration
+	// Heartbeat is how often the agent is pinged; three missed answers mark the guest hung.
+	Heartbeat time.Duration
+}
+
+// Service runs the VMs of one host.
+type Service struct {
+	cfg Config
+	log zerolog.Logger
+	drv *qemu.Driver
+
+	bootMu sync.Mutex // serialises kernel and initramfs preparation
+	boot   *bootFiles
+
+	mu  sync.Mutex
+	vms map[string]*machine
+}
+
+// New checks QEMU and the agent binary; Run serves.
+func New(cfg Config) (*Service, error) {
+	if cfg.Host == "" {
+		cfg.Host = bus.LocalHost
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = os.Getenv("NEXUS_CACHE")
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = cfg.Home.Cache()
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 120 * time.Second
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 5 * time.Second
+	}
+	if cfg.AgentPath == "" {
+		exe, err := os.Executable()
+		if err == nil {
+			cfg.AgentPath = filepath.Join(filepath.Dir(exe), "nexus-agent")
+		}
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, errdefs.Unavailable("vmm: the guest agent %s is missing: build it with `make build`", cfg.AgentPath)
+	}
+	if cfg.QEMU.CacheDir == "" {
+		cfg.QEMU.CacheDir = cfg.CacheDir
+	}
+	cfg.QEMU.Logger = cfg.Log
+	drv, err := qemu.New(cfg.QEMU)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{cfg: cfg, log: cfg.Log, drv: drv, vms: map[string]*machine{}}, nil
+}
+
+// Run adopts the VMs left running by an earlier vmm, registers the endpoints and serves.
+func (s *Service) Run(ctx context.Context) error {
+	s.adoptAll(ctx)
+	info := bus.ServiceInfo{Name: "vmm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "microVMs, images, guest agent channel"}
+	return bus.Serve(ctx, s.cfg.Bus, info, s.log, func(svc *bus.Service) error {
+		sub := func(verb string) string { return bus.HostSubject(bus.VMMPrefix, s.cfg.Host, verb) }
+		for _, err := range []error{
+			bus.Handle(svc, "start", sub(api.VerbStart), s.start),
+			bus.Handle(svc, "stop", sub(api.VerbStop), s.stop),
+			bus.Handle(svc, "pause", sub(api.VerbPause), s.pause),
+			bus.Handle(svc, "resume", sub(api.VerbResume), s.resume),
+			bus.Handle(svc, "remove", sub(api.VerbRemove), s.remove),
+			bus.Handle(svc, "inspect", sub(api.VerbInspect), s.inspect),
+			bus.Handle(svc, "list", sub(api.VerbList), s.list),
+			bus.Handle(svc, "exec", sub(api.VerbExec), s.exec),
+			bus.Handle(svc, "copy", sub(api.VerbCopy), s.copy),
+			bus.Handle(svc, "logs", sub(api.VerbLogs), s.logs),
+			bus.Handle(svc, "images", sub(api.VerbImages), s.images),
+			bus.Handle(svc, "image", sub(api.VerbImage), s.image),
+		} {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// machine is one running VM and the channel to its agent.
+type machine struct {
+	id, name string
+	dir      string
+	vm       *qemu.VM
+	agent    *guest.Client
+	cancel   context.CancelFunc // ends the hybrid-vsock server and the watcher
+	stopping bool               // a stop or remove is under way: exits are expected
+}
+
+func (s *Service) get(id string) (*machine, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.vms[id]
+	if !ok {
+		return nil, errdefs.Conflict("sandbox %s has no running VM", id)
+	}
+	return m, nil
+}
+
+// VMEvent is published on nexus.events.vmm.<id> when a VM ends without being asked to.
+type VMEvent struct {
+	ID     string    `json:"id"`
+	Failed string    `json:"failed"`
+	Time   time.Time `json:"time"`
+}
+
+// VMEventSubject is where VMEvents for id are published.
+func VMEventSubject(id string) string { return bus.EventsPrefix + ".vmm." + id }
+
+// watch marks a VM failed when QEMU exits, the agent channel breaks, or the agent stops
+// answering heartbeats, unless a stop asked for it.
+func (s *Service) watch(ctx context.Context, m *machine) {
+	t := time.NewTicker(s.cfg.Heartbeat)
+	defer t.Stop()
+	missed := 0
+	var reason string
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.vm.Done():
+			reason = "the VM exited unexpectedly (see nexus logs)"
+			break loop
+		case <-m.agent.Done():
+			reason = "the guest agent channel closed unexpectedly (did the guest crash? see nexus logs)"
+			break loop
+		case <-t.C:
+			pctx, cancel := context.WithTimeout(ctx, 2*s.cfg.Heartbeat)
+			_, err := m.agent.Ping(pctx)
+			cancel()
+			if err == nil {
+				missed = 0
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if st, qerr := m.vm.Status(ctx); qerr == nil && st == "paused" {
+				missed = 0 // a paused guest cannot answer
+				continue
+			}
+			if missed++; missed >= 3 {
+				reason = "the guest stopped answering heartbeats (hung or panicked; see nexus logs)"
+				break loop
+			}
+		}
+	}
+	s.mu.Lock()
+	expected := m.stopping
+	if !expected {
+		delete(s.vms, m.id)
+	}
+	s.mu.Unlock()
+	if expected {
+		return
+	}
+	s.log.Warn().Str("sandbox", m.name).Str("reason", reason).Msg("vm failed")
+	m.vm.Kill()
+	m.teardown()
+	b, _ := json.Marshal(VMEvent{ID: m.id, Failed: reason, Time: time.Now().UTC()})
+	s.cfg.Bus.Publish(VMEventSubject(m.id), b)
+}
+
+// teardown releases the host side of a machine; the disk overlay stays.
+func (m *machine) teardown() {
+	if m.cancel != nil {
+		m.cancel()
+	}
+	if m.agent != nil {
+		m.agent.Close()
+	}
+	m.vm.Cleanup()
+	m.vm.Close()
+	for _, p := range []string{"vsock.sock", "agent.sock", "qmp.sock"} {
+		os.Remove(filepath.Join(m.dir, p))
+	}
+	matches, _ := filepath.Glob(filepath.Join(m.dir, "vsock.sock_*"))
+	for _, p := range matches {
+		os.Remove(p)
+	}
+}
+
+func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, error) {
+	s.mu.Lock()
+	m, ok := s.vms[r.ID]
+	s.mu.Unlock()
+	if !ok {
+		return api.VMInfo{ID: r.ID}, nil
+	}
+	return s.info(ctx, m), nil
+}
+
+func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
+	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid, Started: m.vm.Started, RSSBytes: rss(m.vm.Pid)}
+	if st, err := m.vm.Status(ctx); err == nil && st == "paused" {
+		vi.Paused = true
+	}
+	return vi
+}
+
+func (s *Service) list(ctx context.Context, _ api.Empty) ([]api.VMInfo, error) {
+	s.mu.Lock()
+	ms := make([]*machine, 0, len(s.vms))
+	for _, m := range s.vms {
+		ms = append(ms, m)
+	}
+	s.mu.Unlock()
+	out := make([]api.VMInfo, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, s.info(ctx, m))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// rss reads a process's resident set size from /proc.
+func rss(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	if err != nil {
+		return 0
+	}
+	var size, res int64
+	fmt.Sscanf(string(b), "%d %d", &size, &res)
+	return res * int64(os.Getpagesize())
+}
