@@ -26,6 +26,9 @@ const (
 	MaxVCPUs         = 64
 )
 
+// ReconcileEvery is how often the registry is compared with what the vmm runs.
+var ReconcileEvery = 15 * time.Second
+
 // Config configures the gateway.
 type Config struct {
 	Bus     *nats.Conn
@@ -57,6 +60,25 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return err
 	}
 	g.reg = reg
+	sub, err := g.watchVMs(ctx)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	go func() {
+		t := time.NewTicker(ReconcileEvery)
+		defer t.Stop()
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			g.reconcile(rctx)
+			cancel()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	info := bus.ServiceInfo{Name: "gateway", Version: g.cfg.Version, Host: g.cfg.Host, Description: "sandbox registry and orchestration"}
 	return bus.Serve(ctx, g.cfg.Bus, info, g.log, func(s *bus.Service) error {
 		sub := func(verb string) string { return bus.Subject(bus.GatewayPrefix, verb) }

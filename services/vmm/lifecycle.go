@@ -300,8 +300,8 @@ func (s *Service) adoptAll(ctx context.Context) {
 }
 
 func (s *Service) reportFailed(id, reason string) {
-	b, _ := json.Marshal(VMEvent{ID: id, Failed: reason, Time: time.Now().UTC()})
-	s.cfg.Bus.Publish(VMEventSubject(id), b)
+	b, _ := json.Marshal(api.VMEvent{ID: id, Failed: reason, Time: time.Now().UTC()})
+	s.cfg.Bus.Publish(api.VMEventSubject(id), b)
 }
 
 // tail returns the last n bytes of a file, for error messages.

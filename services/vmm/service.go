@@ -148,16 +148,6 @@ func (s *Service) get(id string) (*machine, error) {
 	return m, nil
 }
 
-// VMEvent is published on nexus.events.vmm.<id> when a VM ends without being asked to.
-type VMEvent struct {
-	ID     string    `json:"id"`
-	Failed string    `json:"failed"`
-	Time   time.Time `json:"time"`
-}
-
-// VMEventSubject is where VMEvents for id are published.
-func VMEventSubject(id string) string { return bus.EventsPrefix + ".vmm." + id }
-
 // watch marks a VM failed when QEMU exits, the agent channel breaks, or the agent stops
 // answering heartbeats, unless a stop asked for it.
 func (s *Service) watch(ctx context.Context, m *machine) {
@@ -209,8 +199,8 @@ loop:
 	s.log.Warn().Str("sandbox", m.name).Str("reason", reason).Msg("vm failed")
 	m.vm.Kill()
 	m.teardown()
-	b, _ := json.Marshal(VMEvent{ID: m.id, Failed: reason, Time: time.Now().UTC()})
-	s.cfg.Bus.Publish(VMEventSubject(m.id), b)
+	b, _ := json.Marshal(api.VMEvent{ID: m.id, Failed: reason, Time: time.Now().UTC()})
+	s.cfg.Bus.Publish(api.VMEventSubject(m.id), b)
 }
 
 // teardown releases the host side of a machine; the disk overlay stays.

@@ -194,3 +194,14 @@ func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
 func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
 	return bus.Request[LogsResponse](ctx, c.nc, c.subject(VerbLogs), r)
 }
+
+// VMEvent is published on nexus.events.vmm.<id> when a VM ends without being asked to
+// (crash, hang, an adoption that failed after a vmm restart).
+type VMEvent struct {
+	ID     string    `json:"id"`
+	Failed string    `json:"failed"`
+	Time   time.Time `json:"time"`
+}
+
+// VMEventSubject is where VMEvents for id are published.
+func VMEventSubject(id string) string { return bus.EventsPrefix + ".vmm." + id }
