@@ -100,6 +100,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 			bus.Handle(s, "exec", sub(api.VerbExec), g.exec),
 			bus.Handle(s, "copy", sub(api.VerbCopy), g.copy),
 			bus.Handle(s, "logs", sub(api.VerbLogs), g.logs),
+			bus.Handle(s, "images", sub(api.VerbImages), g.images),
+			bus.Handle(s, "image", sub(api.VerbImage), g.image),
 		}
 		for _, err := range errs {
 			if err != nil {

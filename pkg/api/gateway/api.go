@@ -155,3 +155,12 @@ func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
 func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
 	return bus.Request[LogsResponse](ctx, c.nc, subject(VerbLogs), r)
 }
+
+// Image verbs: the gateway forwards them to the vmm of its host.
+const (
+	VerbImages = "image.list"
+	VerbImage  = "image.op"
+)
+
+// ImageTimeout bounds an image build (a Debian debootstrap is ~40 s on a warm cache).
+const ImageTimeout = 20 * time.Minute

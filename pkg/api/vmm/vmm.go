@@ -205,3 +205,32 @@ type VMEvent struct {
 
 // VMEventSubject is where VMEvents for id are published.
 func VMEventSubject(id string) string { return bus.EventsPrefix + ".vmm." + id }
+
+// ImageInfo describes a built root image.
+type ImageInfo struct {
+	Name      string    `json:"name"`
+	Built     time.Time `json:"built,omitzero"`
+	SizeBytes int64     `json:"size_bytes"`
+	Path      string    `json:"path,omitempty"`
+}
+
+// ImageRequest builds or removes an image. Progress, when set, receives ImageProgress messages.
+type ImageRequest struct {
+	Op       string `json:"op"` // build or rm
+	Name     string `json:"name"`
+	Force    bool   `json:"force,omitempty"`
+	Progress string `json:"progress,omitempty"`
+}
+
+// ImageProgress is one progress report of a build.
+type ImageProgress struct {
+	Step     string  `json:"step"`
+	Fraction float64 `json:"fraction"`
+}
+
+func (c *Client) Images(ctx context.Context) ([]ImageInfo, error) {
+	return bus.Request[[]ImageInfo](ctx, c.nc, c.subject(VerbImages), Empty{})
+}
+func (c *Client) Image(ctx context.Context, r ImageRequest) (ImageInfo, error) {
+	return bus.Request[ImageInfo](ctx, c.nc, c.subject(VerbImage), r)
+}

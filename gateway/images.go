@@ -1,0 +1,15 @@
+package gateway
+
+import (
+	"context"
+
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+)
+
+func (g *Gateway) images(ctx context.Context, _ vmmapi.Empty) ([]vmmapi.ImageInfo, error) {
+	return g.vmm(g.cfg.Host).Images(ctx)
+}
+
+func (g *Gateway) image(ctx context.Context, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
+	return g.vmm(g.cfg.Host).Image(ctx, r)
+}
