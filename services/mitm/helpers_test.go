@@ -110,7 +110,7 @@ func newHarness(t testing.TB, upstream http.Handler, opts ...harnessOpt) *harnes
 		CADir:     h.caDir,
 		Sandboxes: h.reg,
 		Resolver: ResolverFunc(func(ctx context.Context, sb, host, ph string) (string, error) {
-			if sb == testSandbox && host == "api.example.com" && ph == placeholder {
+			if (sb == testSandbox && host == "api.example.com" || sb == "bench") && ph == placeholder {
 				return realToken, nil
 			}
 			return "", errdefs.Refused("placeholder not bound")

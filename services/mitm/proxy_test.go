@@ -2,9 +2,9 @@ package mitm
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/json"
-	"context"
 	"fmt"
 	"io"
 	"net/http"

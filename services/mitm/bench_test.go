@@ -1,0 +1,222 @@
+package mitm
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/elazarl/goproxy"
+	"github.com/rs/zerolog"
+
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+	"github.com/IniZio/nexus/pkg/audit"
+)
+
+// The benchmarks all fetch 1 KB over keep-alive from the same loopback TLS origin with 4
+// concurrent clients; compare req/s: direct, goproxy CONNECT pass-through, our MITM with a warm
+// leaf (policy, swap and audit on) and our MITM with a new host (new CONNECT, new leaf) each time.
+
+var kb = strings.Repeat("x", 1024)
+
+func benchHarness(b *testing.B) (*harness, *atomic.Int64) {
+	var events atomic.Int64
+	h := newHarness(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, kb)
+	}), func(c *Config) {
+		c.Logger = zerolog.Nop()
+		c.Audit = audit.SinkFunc(func(context.Context, audit.Event) { events.Add(1) })
+		c.LeafCacheSize = 256
+	})
+	sb, err := NewSandbox(mitmapi.SandboxPolicy{
+		ID: "bench", TokenHash: mitmapi.HashHex(testToken), AllowedHosts: []string{"*.example.com"},
+		Credentials: []mitmapi.CredentialBinding{{PlaceholderHash: mitmapi.HashHex(placeholder), Hosts: []string{"*.example.com"}}},
+	}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h.reg.Put(sb)
+	return h, &events
+}
+
+// run4 runs b.N requests on 4 goroutines and reports req/s and latency percentiles.
+func run4(b *testing.B, do func(i int64) error) {
+	var next atomic.Int64
+	lat := make([][]time.Duration, 4)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	b.ResetTimer()
+	start := time.Now()
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				t0 := time.Now()
+				if err := do(i); err != nil {
+					failed.Store(err)
+					return
+				}
+				lat[w] = append(lat[w], time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+	b.ReportMetric(float64(all[len(all)-1].Microseconds()), "max-µs")
+}
+
+func fetch(c *http.Client, u string, hdr http.Header) error {
+	req, _ := http.NewRequest("GET", u, nil)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != 1024 || resp.StatusCode != 200 {
+		return fmt.Errorf("status %d, %d bytes, %v (%s)", resp.StatusCode, n, err, resp.Header.Get(DenyHeader))
+	}
+	return nil
+}
+
+func originPool(h *harness) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(h.upstream.Certificate())
+	return p
+}
+
+func BenchmarkDirect(b *testing.B) {
+	h, _ := benchHarness(b)
+	origin := h.upstream.Listener.Addr().String()
+	c := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, n, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, n, origin)
+		},
+		TLSClientConfig: &tls.Config{RootCAs: originPool(h)}, MaxIdleConnsPerHost: 8,
+	}}
+	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", nil) })
+}
+
+func BenchmarkGoproxyPassThrough(b *testing.B) {
+	h, _ := benchHarness(b)
+	origin := h.upstream.Listener.Addr().String()
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = goproxyLogger{zerolog.Nop()}
+	gp.ConnectDial = nil
+	gp.Tr = &http.Transport{DialContext: func(ctx context.Context, n, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, n, origin)
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: gp}
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := &http.Client{Transport: &http.Transport{
+		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()}),
+		TLSClientConfig: &tls.Config{RootCAs: originPool(h)}, MaxIdleConnsPerHost: 8,
+	}}
+	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", nil) })
+}
+
+func BenchmarkMITMWarm(b *testing.B) {
+	h, events := benchHarness(b)
+	c := h.client(b, "bench", testToken)
+	hdr := http.Header{"Authorization": {"Bearer " + placeholder}}
+	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", hdr) })
+	waitFor(b, 10*time.Second, func() error {
+		if events.Load() < int64(b.N) {
+			return fmt.Errorf("%d of %d audit events", events.Load(), b.N)
+		}
+		return nil
+	})
+}
+
+func BenchmarkMITMNewHost(b *testing.B) {
+	h, _ := benchHarness(b)
+	c := h.client(b, "bench", testToken)
+	c.Transport.(*http.Transport).DisableKeepAlives = true
+	hdr := http.Header{"Authorization": {"Bearer " + placeholder}}
+	base := time.Now().UnixNano()
+	run4(b, func(i int64) error {
+		return fetch(c, fmt.Sprintf("https://h%d-%d.example.com/", base, i), hdr)
+	})
+}
+
+// BenchmarkGoproxyBareMITM is goproxy's own MITM (its CA, no policy, no swap, no audit): the
+// floor our MITM's overhead is measured against.
+func BenchmarkGoproxyBareMITM(b *testing.B) {
+	h, _ := benchHarness(b)
+	origin := h.upstream.Listener.Addr().String()
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = goproxyLogger{zerolog.Nop()}
+	gp.ConnectDial = nil
+	gp.CertStore = &mapCertStore{m: map[string]*tls.Certificate{}}
+	gp.OnRequest().HandleConnect(goproxy.AlwaysMitm)
+	gp.Tr = &http.Transport{
+		DialContext: func(ctx context.Context, n, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, n, origin)
+		},
+		TLSClientConfig: &tls.Config{RootCAs: originPool(h)}, MaxIdleConnsPerHost: 64,
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: gp}
+	go srv.Serve(ln)
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(goproxy.CA_CERT)
+	c := &http.Client{Transport: &http.Transport{
+		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()}),
+		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 8,
+	}}
+	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", nil) })
+}
+
+type mapCertStore struct {
+	mu sync.Mutex
+	m  map[string]*tls.Certificate
+}
+
+func (s *mapCertStore) Fetch(host string, gen func() (*tls.Certificate, error)) (*tls.Certificate, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.m[host]; ok {
+		return c, nil
+	}
+	c, err := gen()
+	if err == nil {
+		s.m[host] = c
+	}
+	return c, err
+}
