@@ -1,0 +1,262 @@
+// Package image builds and manages the guests' ext4 root images (DESIGN §4, §8).
+//
+//	nexus-mini   busybox-static from Debian: /bin/busybox, its applet links, passwd/group; seconds
+//	nexus-base   debootstrap --variant=minbase bookworm + ca-certificates, git, curl, openssh-client
+//
+// Images are made with `mkfs.ext4 -d` from a root directory (no loop mounts, works without
+// privileges for nexus-mini) into sparse files sized content + headroom. They live in
+// $NEXUS_HOME/images/<name>.ext4 beside <name>.json, a small manifest. A build writes temp files
+// and renames them into place under an flock, so concurrent builders and crashes never leave a
+// half-built image under the real name. Downloaded debs are cached under $NEXUS_HOME/cache/debs.
+//
+// Each sandbox boots the image read-only through its own qcow2 overlay (NewOverlay).
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// Names of the images nexus can build.
+const (
+	Mini = "nexus-mini"
+	Base = "nexus-base"
+)
+
+// Known lists the buildable image names.
+var Known = []string{Base, Mini}
+
+// Progress receives named build steps and a completion fraction in [0,1]; it may be nil.
+type Progress func(step string, frac float64)
+
+// Info is an image's manifest.
+type Info struct {
+	Name      string    `json:"name"`
+	Built     time.Time `json:"built"`
+	Size      int64     `json:"size"`       // apparent size of the ext4 file
+	DiskUsage int64     `json:"disk_usage"` // bytes allocated on the host (the file is sparse)
+	Content   int64     `json:"content"`    // bytes of files in the root tree
+	BuildTime float64   `json:"build_seconds"`
+	Path      string    `json:"-"`
+}
+
+// checkName returns an invalid-argument error naming the known images.
+func checkName(name string) error {
+	for _, k := range Known {
+		if name == k {
+			return nil
+		}
+	}
+	return errdefs.Invalid("unknown image %q: known images are %s", name, strings.Join(Known, ", "))
+}
+
+func imagePath(h home.Dir, name string) string    { return filepath.Join(h.Images(), name+".ext4") }
+func manifestPath(h home.Dir, name string) string { return filepath.Join(h.Images(), name+".json") }
+
+// Path returns the image file of a built image.
+func Path(h home.Dir, name string) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", err
+	}
+	if _, err := Get(h, name); err != nil {
+		return "", err
+	}
+	return imagePath(h, name), nil
+}
+
+// Get returns the manifest of a built image.
+func Get(h home.Dir, name string) (*Info, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(manifestPath(h, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errdefs.NotFound("image %s is not built: run nexus image build %s", name, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", name, err)
+	}
+	var info Info
+	if err := json.Unmarshal(b, &info); err != nil {
+		return nil, fmt.Errorf("image %s: bad manifest: %w", name, err)
+	}
+	info.Path = imagePath(h, name)
+	if _, err := os.Stat(info.Path); err != nil {
+		return nil, errdefs.NotFound("image %s is not built: run nexus image build %s", name, name)
+	}
+	return &info, nil
+}
+
+// List returns the built images, sorted by name.
+func List(h home.Dir) ([]Info, error) {
+	var out []Info
+	for _, n := range Known {
+		info, err := Get(h, n)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Remove deletes a built image. Callers must make sure no sandbox overlay still uses it.
+func Remove(h home.Dir, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	unlock, err := lock(context.Background(), h, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := Get(h, name); err != nil {
+		return err
+	}
+	// Manifest first: an image without a manifest is "not built", never half-removed.
+	if err := os.Remove(manifestPath(h, name)); err != nil {
+		return fmt.Errorf("image rm %s: %w", name, err)
+	}
+	if err := os.Remove(imagePath(h, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("image rm %s: %w", name, err)
+	}
+	return nil
+}
+
+// Build builds the named image unless it is already built (force rebuilds).
+func Build(ctx context.Context, h home.Dir, name string, force bool, progress Progress) (*Info, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if progress == nil {
+		progress = func(string, float64) {}
+	}
+	if !force {
+		if info, err := Get(h, name); err == nil {
+			progress("cached", 1)
+			return info, nil
+		}
+	}
+	if err := os.MkdirAll(h.Images(), 0o755); err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	unlock, err := lock(ctx, h, name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if !force { // someone else built it while we waited
+		if info, err := Get(h, name); err == nil {
+			progress("cached", 1)
+			return info, nil
+		}
+	}
+	start := time.Now()
+	work, err := os.MkdirTemp(h.Images(), "."+name+".build-")
+	if err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	defer os.RemoveAll(work)
+	root := filepath.Join(work, "root")
+
+	switch name {
+	case Mini:
+		err = buildMini(ctx, h, root, progress)
+	case Base:
+		err = buildBase(ctx, h, root, progress)
+	}
+	if err != nil {
+		return nil, err
+	}
+	progress("mkfs.ext4", 0.9)
+	tmpImg := filepath.Join(work, name+".ext4")
+	content, err := makeExt4(ctx, root, tmpImg, name)
+	if err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	// The base stays read-only under every overlay.
+	if err := os.Chmod(tmpImg, 0o444); err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	st, err := os.Stat(tmpImg)
+	if err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	info := Info{
+		Name: name, Built: time.Now().UTC(), Size: st.Size(), Content: content,
+		BuildTime: time.Since(start).Seconds(),
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		info.DiskUsage = sys.Blocks * 512
+	}
+	progress("install", 0.97)
+	os.Remove(manifestPath(h, name)) // "not built" while the image file is swapped
+	if err := os.Rename(tmpImg, imagePath(h, name)); err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	if err := writeAtomic(manifestPath(h, name), b); err != nil {
+		return nil, fmt.Errorf("image build %s: %w", name, err)
+	}
+	info.Path = imagePath(h, name)
+	progress("done", 1)
+	return &info, nil
+}
+
+// lock takes the per-image build lock.
+func lock(ctx context.Context, h home.Dir, name string) (func(), error) {
+	if err := os.MkdirAll(h.Images(), 0o755); err != nil {
+		return nil, fmt.Errorf("image %s: %w", name, err)
+	}
+	f, err := os.OpenFile(filepath.Join(h.Images(), "."+name+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: lock: %w", name, err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("image %s: lock: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("image %s: waiting for another build: %w", name, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func writeAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	err = errors.Join(werr, f.Sync(), f.Chmod(0o644), f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}

@@ -1,0 +1,217 @@
+package image_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/services/vmm/image"
+	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
+)
+
+func tempHome(t *testing.T) home.Dir {
+	t.Helper()
+	d := t.TempDir()
+	t.Setenv("HOME", d)
+	t.Setenv("NEXUS_HOME", d)
+	return home.Dir(d)
+}
+
+func needTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+}
+
+func debugfsLs(t *testing.T, img, dir string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", "ls -l "+dir, img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("debugfs: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+// hasEntry reports whether a debugfs ls -l listing has an entry called name.
+func hasEntry(ls, name string) bool {
+	for _, l := range strings.Split(ls, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[len(f)-1] == name {
+			return true
+		}
+	}
+	return false
+}
+
+func TestUnknownName(t *testing.T) {
+	h := tempHome(t)
+	_, err := image.Build(context.Background(), h, "nexus-huge", false, nil)
+	if !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("err = %v, want invalid", err)
+	}
+	for _, n := range image.Known {
+		if !strings.Contains(err.Error(), n) {
+			t.Errorf("error %q does not list %s", err, n)
+		}
+	}
+	if _, err := image.Path(h, "x"); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("Path(x) = %v, want invalid", err)
+	}
+	if _, err := image.Path(h, image.Mini); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Path of an unbuilt image = %v, want not found", err)
+	}
+}
+
+func TestMini(t *testing.T) {
+	needTools(t, "apt-get", "dpkg-deb", "mkfs.ext4", "debugfs")
+	h := tempHome(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	// Two concurrent builders: one builds, the other waits on the lock and reuses the result.
+	var wg sync.WaitGroup
+	infos := make([]*image.Info, 2)
+	errs := make([]error, 2)
+	var steps []string
+	var mu sync.Mutex
+	start := time.Now()
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			infos[i], errs[i] = image.Build(ctx, h, image.Mini, false, func(step string, frac float64) {
+				mu.Lock()
+				steps = append(steps, step)
+				mu.Unlock()
+			})
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("nexus-mini built in %v: size %d MiB, on disk %d KiB, content %d KiB; steps %v",
+		time.Since(start).Round(time.Millisecond), infos[0].Size>>20, infos[0].DiskUsage>>10, infos[0].Content>>10, steps)
+	if infos[0].Built != infos[1].Built {
+		t.Errorf("the two builders built twice: %v vs %v", infos[0].Built, infos[1].Built)
+	}
+	img, err := image.Path(h, image.Mini)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img != filepath.Join(h.Images(), "nexus-mini.ext4") {
+		t.Errorf("path = %s", img)
+	}
+	ls := debugfsLs(t, img, "/bin")
+	for _, want := range []string{"busybox", "sh", "ls"} {
+		if !hasEntry(ls, want) {
+			t.Errorf("/bin lacks %q:\n%s", want, ls)
+		}
+	}
+	if etc := debugfsLs(t, img, "/etc"); !hasEntry(etc, "passwd") || !hasEntry(etc, "group") {
+		t.Errorf("/etc lacks passwd/group:\n%s", etc)
+	}
+	if infos[0].DiskUsage >= infos[0].Size/4 {
+		t.Errorf("image is not sparse: %d of %d bytes allocated", infos[0].DiskUsage, infos[0].Size)
+	}
+	st, _ := os.Stat(img)
+	if st.Mode().Perm()&0o222 != 0 {
+		t.Errorf("base image is writable: %v", st.Mode())
+	}
+
+	// Cached: no rebuild.
+	again, err := image.Build(ctx, h, image.Mini, false, nil)
+	if err != nil || !again.Built.Equal(infos[0].Built) {
+		t.Fatalf("second build rebuilt or failed: %v", err)
+	}
+	// Forced: rebuilt, busybox deb comes from the cache.
+	forced, err := image.Build(ctx, h, image.Mini, true, nil)
+	if err != nil || !forced.Built.After(infos[0].Built) {
+		t.Fatalf("forced build: %v", err)
+	}
+	list, err := image.List(h)
+	if err != nil || len(list) != 1 || list[0].Name != image.Mini {
+		t.Fatalf("list = %+v, %v", list, err)
+	}
+
+	// Overlay: a qcow2 over the read-only base.
+	ov := filepath.Join(t.TempDir(), "root.qcow2")
+	if err := image.NewOverlay(img, ov); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("qemu-img", "info", ov).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "backing file: "+img) || !strings.Contains(string(out), "backing file format: raw") {
+		t.Fatalf("qemu-img info: %v\n%s", err, out)
+	}
+
+	if err := image.Remove(h, image.Mini); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(img); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("image file left after rm")
+	}
+	if err := image.Remove(h, image.Mini); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("second rm = %v, want not found", err)
+	}
+	// Nothing else left in images/ but the lock file.
+	ents, _ := os.ReadDir(h.Images())
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".lock") {
+			t.Errorf("left in images/: %s", e.Name())
+		}
+	}
+}
+
+// TestBase builds nexus-base with debootstrap (~1 min). Its home is shared between runs under
+// the test cache (vmtest.CacheDir()/home-base) so debootstrap's debs stay cached; the image is
+// rebuilt every run.
+func TestBase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("nexus-base takes about a minute to build")
+	}
+	needTools(t, "debootstrap", "mkfs.ext4", "debugfs")
+	if os.Geteuid() != 0 {
+		t.Skip("debootstrap needs root")
+	}
+	h := home.Dir(filepath.Join(vmtest.CacheDir(), "home-base"))
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	start := time.Now()
+	var last string
+	info, err := image.Build(ctx, h, image.Base, true, func(step string, frac float64) { last = step })
+	if err != nil {
+		t.Fatalf("build: %v (last step %s)", err, last)
+	}
+	t.Logf("nexus-base built in %v: size %d MiB, on disk %d MiB, content %d MiB",
+		time.Since(start).Round(time.Second), info.Size>>20, info.DiskUsage>>20, info.Content>>20)
+	bin := debugfsLs(t, info.Path, "/usr/bin")
+	for _, want := range []string{"git", "curl", "ssh", "bash"} {
+		if !hasEntry(bin, want) {
+			t.Errorf("/usr/bin lacks %q", want)
+		}
+	}
+	if certs := debugfsLs(t, info.Path, "/etc/ssl/certs"); !hasEntry(certs, "ca-certificates.crt") {
+		t.Errorf("no ca-certificates bundle")
+	}
+}
+
+func TestHostMirrorParse(t *testing.T) {
+	// Exercised through HostMirror on this host; the value must be an http(s) URL.
+	m := image.HostMirror()
+	if !strings.HasPrefix(m, "http://") && !strings.HasPrefix(m, "https://") {
+		t.Fatalf("mirror = %q", m)
+	}
+	t.Logf("host mirror: %s", m)
+}
