@@ -37,7 +37,7 @@ func RunInit() {
 	earlyMounts()
 	console := openConsole()
 	log := zerolog.New(zerolog.ConsoleWriter{Out: io.MultiWriter(console, ring), NoColor: true, TimeFormat: "15:04:05.000"}).
-		With().Timestamp().Str("component", "nexus-agent").Logger()
+		Level(zerolog.InfoLevel).With().Timestamp().Str("component", "nexus-agent").Logger()
 	raw, _ := os.ReadFile("/proc/cmdline")
 	cmd := ParseCmdline(string(raw))
 	if v := cmd.Get(agentproto.CmdlineTime); v != "" {

@@ -81,7 +81,9 @@ func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 				return c, nil
 			}
 			conn.Close()
-			attempt = min(attempt*2, 2*time.Second)
+			// Kept short: while the guest has not opened its port the hello is lost, and the
+			// wait for the attempt in flight adds directly to sandbox create time.
+			attempt = min(attempt*2, 500*time.Millisecond)
 		}
 		last = err
 		select {
