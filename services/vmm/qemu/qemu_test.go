@@ -326,7 +326,7 @@ func TestAcceleratorProbeCached(t *testing.T) {
 	vmtest.RequireQEMU(t)
 	k := vmtest.Kernel(t)
 	cache := t.TempDir()
-	d1, err := qemu.New(qemu.Config{Accel: qemu.AccelAuto, CacheDir: cache, ProbeTimeout: 8 * time.Second})
+	d1, err := qemu.New(qemu.Config{Accel: qemu.AccelAuto, CacheDir: cache})
 	if err != nil {
 		t.Fatal(err)
 	}
