@@ -1,0 +1,124 @@
+// Package credbroker is the bus contract of the credential broker (DESIGN §5): subjects and the
+// request and response bodies for the secret store (nexus secret set|ls|rm), placeholder minting
+// at sandbox start, resolve (answered for the mitm only) and forget at removal.
+//
+// Secret values travel only in SecretSetRequest (CLI → broker) and ResolveResponse (broker →
+// mitm); neither is ever logged.
+package credbroker
+
+import (
+	"strings"
+	"time"
+
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+)
+
+// Subjects. Only the mitm may request SubjectResolve (bus permissions).
+const (
+	SubjectResolve      = "nexus.cred.resolve"
+	SubjectMint         = "nexus.cred.mint"
+	SubjectForget       = "nexus.cred.forget"
+	SubjectSecretSet    = "nexus.cred.secret.set"
+	SubjectSecretList   = "nexus.cred.secret.list"
+	SubjectSecretRemove = "nexus.cred.secret.rm"
+)
+
+// Credential kinds; each seeds its own guest variable besides NEXUS_CRED_<HOST>_TOKEN.
+const (
+	KindGeneric   = ""
+	KindAnthropic = "anthropic" // ANTHROPIC_AUTH_TOKEN (direct API)
+	KindGitHub    = "github"    // GH_TOKEN
+	KindOpenAI    = "openai"    // OPENAI_API_KEY
+)
+
+// KindEnv is the guest variable of each kind.
+var KindEnv = map[string]string{
+	KindAnthropic: "ANTHROPIC_AUTH_TOKEN",
+	KindGitHub:    "GH_TOKEN",
+	KindOpenAI:    "OPENAI_API_KEY",
+}
+
+// ExpiresAt is the synthetic far-future expiry seeded beside every placeholder, so agents never
+// try to refresh a brokered credential themselves.
+const ExpiresAt = "2099-12-31T23:59:59Z"
+
+// HostEnvPrefix names the per-host variables: NEXUS_CRED_<HOST>_TOKEN and _EXPIRES_AT.
+func HostEnvPrefix(host string) string {
+	var b strings.Builder
+	b.WriteString("NEXUS_CRED_")
+	for _, c := range strings.ToUpper(host) {
+		if c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			b.WriteRune(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// Binding asks for a secret to be brokered to a sandbox on some hosts.
+type Binding struct {
+	Secret string   `json:"secret"`
+	Hosts  []string `json:"hosts"`
+	Kind   string   `json:"kind,omitempty"`
+	// Env optionally names one more guest variable carrying the binding's placeholder
+	// (.nexus/config.yaml egress.secrets[].env).
+	Env string `json:"env,omitempty"`
+}
+
+// MintRequest mints a sandbox's placeholders; it replaces any the sandbox had.
+type MintRequest struct {
+	SandboxID string    `json:"sandbox_id"`
+	Bindings  []Binding `json:"bindings"`
+}
+
+// MintResponse is the guest environment to seed and, for the mitm, which placeholder (by hash)
+// is bound to which hosts.
+type MintResponse struct {
+	Env         map[string]string           `json:"env"`
+	Credentials []mitmapi.CredentialBinding `json:"credentials"`
+}
+
+// ResolveRequest asks for the real value behind a placeholder seen on a request to Host.
+type ResolveRequest struct {
+	SandboxID   string `json:"sandbox_id"`
+	Host        string `json:"host"`
+	Placeholder string `json:"placeholder"`
+}
+
+// ResolveResponse carries the real credential.
+type ResolveResponse struct {
+	Value string `json:"value"`
+}
+
+// ForgetRequest drops a removed sandbox's placeholders.
+type ForgetRequest struct {
+	SandboxID string `json:"sandbox_id"`
+}
+
+// SecretSetRequest stores a secret: exactly one of Value and Command (run on the host at resolve
+// time, e.g. `gh auth token`).
+type SecretSetRequest struct {
+	Name    string   `json:"name"`
+	Value   string   `json:"value,omitempty"`
+	Command string   `json:"command,omitempty"`
+	Hosts   []string `json:"hosts,omitempty"`
+}
+
+// SecretInfo describes a stored secret, never its value.
+type SecretInfo struct {
+	Name    string    `json:"name"`
+	Hosts   []string  `json:"hosts,omitempty"`
+	Source  string    `json:"source"` // "value" or "command"
+	Updated time.Time `json:"updated"`
+}
+
+// SecretListResponse lists the store.
+type SecretListResponse struct {
+	Secrets []SecretInfo `json:"secrets"`
+}
+
+// SecretRemoveRequest removes a secret.
+type SecretRemoveRequest struct {
+	Name string `json:"name"`
+}
