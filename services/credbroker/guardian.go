@@ -115,7 +115,7 @@ func readCreds(path string) (top map[string]json.RawMessage, oauth map[string]js
 	if !ok {
 		return nil, nil, c, 0, fmt.Errorf("cred guardian: %s has no %s", path, oauthKey)
 	}
-	if err := json.Unmarshal(raw, &oauth); err != nil {
+	if err := json.Unmarshal(raw, &oauth); err != nil || oauth == nil {
 		return nil, nil, c, 0, fmt.Errorf("cred guardian: %s: %s is not an object", path, oauthKey)
 	}
 	if err := json.Unmarshal(raw, &c); err != nil {
