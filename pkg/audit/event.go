@@ -29,7 +29,7 @@ const (
 // Event is one decision.
 type Event struct {
 	Time     time.Time `json:"time"`
-	Sandbox  string    `json:"sandbox"`
+	Sandbox  string    `json:"sandbox"` // the sandbox id
 	Layer    string    `json:"layer"`
 	Proto    string    `json:"proto,omitempty"` // tcp, udp, icmp
 	Host     string    `json:"host,omitempty"`
@@ -56,6 +56,5 @@ type SinkFunc func(ctx context.Context, ev Event)
 
 func (f SinkFunc) Emit(ctx context.Context, ev Event) { f(ctx, ev) }
 
-// Subject is the bus subject for a sandbox's egress events. Sandbox names contain '/', which is
-// not a subject token separator in NATS but is kept readable by replacing it with '.'-free form.
+// Subject is the bus subject for a sandbox's egress events.
 func Subject(sandboxID string) string { return "nexus.audit.egress." + sandboxID }
