@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
 	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
 	"github.com/IniZio/nexus/services/vmm/kernel"
@@ -48,23 +50,6 @@ func testInitramfs(t testing.TB, k *kernel.Kernel) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// rawDisk makes a sparse raw file and a qcow2 overlay on top of it, as sandboxes get.
-func overlayDisk(t testing.TB, dir string) string {
-	t.Helper()
-	base := filepath.Join(dir, "base.raw")
-	if err := os.WriteFile(base, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(base, 16<<20); err != nil {
-		t.Fatal(err)
-	}
-	ov := filepath.Join(dir, "root.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, ov).CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img: %v: %s", err, out)
-	}
-	return ov
 }
 
 func console(dir string) string {
@@ -114,14 +99,24 @@ func TestBootDevices(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	initrd, disk := testInitramfs(t, k), overlayDisk(t, dir)
+	// The root disk is a nexus-mini overlay, as sandboxes get: the guest mounts it as ext4.
+	h := home.Dir(t.TempDir())
+	info, err := image.Build(ctx, h, image.Mini, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := filepath.Join(dir, "root.qcow2")
+	if err := image.NewOverlay(info.Path, disk); err != nil {
+		t.Fatal(err)
+	}
+	initrd := testInitramfs(t, k)
 	start := time.Now()
 	vm, err := d.Start(ctx, qemu.VMSpec{
 		ID: "boot-devices", Dir: dir, Kernel: bootKernel(k), KernelVersion: k.Version,
 		Initrd: initrd, MemoryMiB: 256, VCPUs: 1,
 		Disk: disk, ExtraDisks: []qemu.Disk{{Path: extra}},
 		NetSocket: netSock, Mounts: []qemu.Mount{{HostPath: share, ReadOnly: true}},
-		Cmdline: []string{"nexus.test9p=nexus0"},
+		Cmdline: []string{"nexus.test9p=nexus0", "nexus.testroot=1"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -138,6 +133,8 @@ func TestBootDevices(t *testing.T) {
 		"BLOCK vdb serial=nexus-disk0 node=true",
 		"NET eth0",
 		"9P from-host",
+		"ROOT ext4 busybox=",
+		"write=true",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("console lacks %q:\n%s", want, out)

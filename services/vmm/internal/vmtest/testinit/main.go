@@ -3,7 +3,7 @@
 // reports what the guest sees on the console, and powers off.
 //
 // Console lines it prints: "VIRTIO-PORT <name>", "BLOCK <dev> serial=<s>", "NET <if>",
-// "9P <content of hello>", "TESTINIT-DONE"; with nexus.testwait=1 it then prints "TICK <n>" every
+// "ROOT ext4 busybox=<size> write=true" (nexus.testroot=1), "9P <content of hello>", "TESTINIT-DONE"; with nexus.testwait=1 it then prints "TICK <n>" every
 // 100 ms instead of powering off.
 package main
 
@@ -63,6 +63,18 @@ func main() {
 	for _, n := range nets {
 		if filepath.Base(n) != "lo" {
 			fmt.Printf("NET %s\n", filepath.Base(n))
+		}
+	}
+	if flags["nexus.testroot"] == "1" {
+		os.MkdirAll("/mnt/root", 0o755)
+		if err := unix.Mount("/dev/vda", "/mnt/root", "ext4", 0, ""); err != nil {
+			fmt.Printf("ROOT mount error %v\n", err)
+		} else if st, err := os.Stat("/mnt/root/bin/busybox"); err != nil {
+			fmt.Printf("ROOT stat error %v\n", err)
+		} else {
+			werr := os.WriteFile("/mnt/root/tmp/written", []byte("x"), 0o644)
+			fmt.Printf("ROOT ext4 busybox=%d write=%v\n", st.Size(), werr == nil)
+			unix.Unmount("/mnt/root", 0)
 		}
 	}
 	if tag := flags["nexus.test9p"]; tag != "" {
