@@ -23,6 +23,8 @@ import (
 	"github.com/IniZio/nexus/pkg/version"
 	"github.com/IniZio/nexus/services/gitrelay"
 	"github.com/IniZio/nexus/services/portfwd"
+	"github.com/IniZio/nexus/services/vmm"
+	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
 // runEnv is what every service gets from the composition root.
@@ -60,7 +62,14 @@ func components() []component {
 			}
 			return g.Run(ctx)
 		}},
-		{name: "vmm", about: "microVMs, images, guest agent channel", run: idle("vmm", "microVMs, images, guest agent channel")},
+		{name: "vmm", about: "microVMs, images, guest agent channel", run: func(ctx context.Context, env runEnv) error {
+			v, err := vmm.New(vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				QEMU: qemu.Config{Accel: os.Getenv("NEXUS_ACCEL")}})
+			if err != nil {
+				return err
+			}
+			return v.Run(ctx)
+		}},
 		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: idle("netstack", "per-sandbox userspace network and L4 allowlist")},
 		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: idle("mitm", "TLS MITM: SNI/Host allowlist and credential swap")},
 		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: idle("credbroker", "secrets, placeholders, credential guardian")},

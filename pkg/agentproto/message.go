@@ -73,6 +73,9 @@ type Pong struct {
 	Kernel   string `json:"kernel,omitempty"`
 	// Vsock is true when the agent also serves the protocol on AF_VSOCK.
 	Vsock bool `json:"vsock,omitempty"`
+	// BootErrors lists the boot steps that failed ("root: mount ext4 on /newroot: …"); a guest
+	// with any is not usable and the host fails the boot with them.
+	BootErrors []string `json:"boot_errors,omitempty"`
 }
 
 // ConfigureRequest updates the guest; empty fields are left alone.

@@ -41,8 +41,16 @@ func (d Dir) Bus() string { return filepath.Join(string(d), "bus") }
 // BusCreds holds one credentials file per bus user, mode 0600.
 func (d Dir) BusCreds() string { return filepath.Join(string(d), "bus", "creds") }
 
-// Cache holds downloads: kernel debs, unpacked kernels, built initramfs.
-func (d Dir) Cache() string { return filepath.Join(string(d), "cache") }
+// CacheEnv overrides where downloads are cached, so that many homes (tests, CI) share one.
+const CacheEnv = "NEXUS_CACHE"
+
+// Cache holds downloads: kernel debs, unpacked kernels, built initramfs. $NEXUS_CACHE wins.
+func (d Dir) Cache() string {
+	if v := os.Getenv(CacheEnv); v != "" {
+		return v
+	}
+	return filepath.Join(string(d), "cache")
+}
 
 // Images holds built root images (ext4).
 func (d Dir) Images() string { return filepath.Join(string(d), "images") }

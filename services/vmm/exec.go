@@ -8,13 +8,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"time"
 
-	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/agentproto"
+	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/stream"
 	"github.com/IniZio/nexus/services/vmm/guest"
@@ -254,15 +253,4 @@ func (s *Service) mount(ctx context.Context, agent *guest.Client, tag string, m 
 		return fmt.Errorf("mount %s at %s: %s", m.Host, m.Guest, strings.TrimSpace(out.String()))
 	}
 	return nil
-}
-
-// newOverlay creates a sandbox's qcow2 disk over the read-only base image.
-func newOverlay(ctx context.Context, base, path string) error {
-	tmp := path + ".tmp"
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, tmp).CombinedOutput()
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return os.Rename(tmp, path)
 }

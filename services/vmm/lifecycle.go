@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
-	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/agentproto"
+	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/guest"
+	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
 	"github.com/IniZio/nexus/services/vmm/kernel"
 	"github.com/IniZio/nexus/services/vmm/qemu"
@@ -67,7 +69,7 @@ func (s *Service) prepare(ctx context.Context, p *steps) (*bootFiles, error) {
 		return nil, wrap("kernel", err)
 	}
 	p.finish("kernel")
-	initrd, err := initramfs.Build(k, s.cfg.AgentPath, GuestModules, filepath.Join(s.cfg.CacheDir, "initramfs"))
+	initrd, err := initramfs.Build(k, s.cfg.AgentPath, initramfs.DefaultModules, filepath.Join(s.cfg.CacheDir, "initramfs"))
 	if err != nil {
 		return nil, wrap("initramfs", err)
 	}
@@ -101,7 +103,10 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 	}
 	disk := filepath.Join(dir, "disk.qcow2")
 	if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
-		if err := newOverlay(ctx, base, disk); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, imageFile), []byte(r.Image+"\n"), 0o600); err != nil {
+			return api.StartResponse{}, wrap("disk", err)
+		}
+		if err := image.NewOverlay(base, disk); err != nil {
 			return api.StartResponse{}, wrap("disk", err)
 		}
 	}
@@ -141,6 +146,9 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		return fail("agent", err)
 	}
 	m.agent = agent
+	if errs := agent.Agent().BootErrors; len(errs) > 0 {
+		return fail("agent", fmt.Errorf("the guest did not boot cleanly: %s", strings.Join(errs, "; ")))
+	}
 	p.finish("agent")
 	cfg := agentproto.ConfigureRequest{Hostname: r.Hostname, Env: r.Env}
 	now := time.Now()

@@ -25,12 +25,6 @@ import (
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
-// GuestModules are the kernel modules every guest loads (with their dependencies).
-var GuestModules = []string{
-	"virtio_mmio", "virtio_blk", "virtio_net", "virtio_console", "9p", "9pnet_virtio",
-	"overlay", "vsock", "vmw_vsock_virtio_transport", "vsock_loopback", "ext4",
-}
-
 // Config configures the vmm service.
 type Config struct {
 	Bus     *nats.Conn

@@ -67,8 +67,10 @@ func RunInit() {
 		{"hostname", func() error { return setHostname(hostname) }},
 		{"network", func() error { return bootNetwork(cmd) }},
 	}
+	var bootErrors []string
 	for _, st := range steps {
 		if err := st.run(); err != nil {
+			bootErrors = append(bootErrors, st.name+": "+err.Error())
 			fmt.Fprintf(console, "nexus-agent: boot step %q failed: %v\n", st.name, err)
 			log.Error().Err(err).Str("step", st.name).Msg("boot step failed")
 			if st.name == "root" {
@@ -87,6 +89,8 @@ func RunInit() {
 		BootTime: start,
 		Kernel:   kernel,
 		Reaper:   reaper,
+
+		BootErrors: bootErrors,
 		SetHostname: func(name string) error {
 			return setHostname(name)
 		},

@@ -56,6 +56,8 @@ type Config struct {
 	BootTime time.Time
 	// Kernel is the kernel release reported by ping.
 	Kernel string
+	// BootErrors are the boot steps that failed, reported by ping.
+	BootErrors []string
 	// Reaper, when set, owns wait(2) for the whole process (the agent is PID 1); exec registers
 	// its children with it instead of waiting for them itself.
 	Reaper *Reaper
@@ -267,6 +269,8 @@ func (s *Server) pong() *agentproto.Pong {
 		Hostname: s.hostname,
 		Kernel:   s.cfg.Kernel,
 		Vsock:    s.vsock,
+
+		BootErrors: s.cfg.BootErrors,
 	}
 }
 
