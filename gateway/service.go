@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -125,6 +126,10 @@ func (g *Gateway) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 		return nil, err
 	}
 	if err := g.boot(ctx, sb, r.Progress); err != nil {
+		if errors.Is(err, errdefs.ErrInvalid) {
+			// The request itself was wrong (an unknown image, say): leave nothing behind.
+			g.forget(sb)
+		}
 		return sb, err
 	}
 	return sb, nil
@@ -204,6 +209,15 @@ func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) er
 		return err
 	}
 	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
+}
+
+// forget deletes the record of a sandbox whose creation was refused.
+func (g *Gateway) forget(sb *api.Sandbox) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if cur, err := g.reg.Get(ctx, sb.Name); err == nil && cur.ID == sb.ID {
+		g.reg.Delete(ctx, cur)
+	}
 }
 
 // fail records why a sandbox failed; it uses its own deadline because ctx may be what ended.

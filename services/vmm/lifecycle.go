@@ -201,11 +201,17 @@ func (s *Service) serve(m *machine) {
 	s.vms[m.id] = m
 	s.mu.Unlock()
 	go func() {
-		if err := guest.ServeHybridVsock(ctx, m.agent, filepath.Join(m.dir, "vsock.sock"), m.dir); err != nil && ctx.Err() == nil {
+		if err := guest.ServeHybridVsock(ctx, m.agent, filepath.Join(m.dir, "vsock.sock"), m.dir); err != nil && ctx.Err() == nil && !s.isStopping(m) {
 			s.log.Warn().Err(err).Str("sandbox", m.name).Msg("hybrid vsock stopped")
 		}
 	}()
 	go s.watch(ctx, m)
+}
+
+func (s *Service) isStopping(m *machine) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return m.stopping
 }
 
 // stop shuts the guest down cleanly (sync, unmount, power off) and waits for QEMU to exit;

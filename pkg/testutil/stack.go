@@ -1,0 +1,304 @@
+package testutil
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// SharedCache is where tests cache downloads (kernel, debs, images) across packages and runs;
+// $NEXUS_CACHE overrides it.
+func SharedCache() string {
+	if v := os.Getenv(home.CacheEnv); v != "" {
+		return v
+	}
+	return "/var/cache/nexus-test"
+}
+
+// RequireQEMU skips a test that needs QEMU when it is missing, and fails it under CI.
+func RequireQEMU(t testing.TB) {
+	t.Helper()
+	if err := QEMUAvailable(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs QEMU: %v", err)
+		}
+		t.Skipf("QEMU not available: %v", err)
+	}
+}
+
+// QEMUAvailable reports whether the QEMU binaries the vmm needs are installed.
+func QEMUAvailable() error {
+	for _, b := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return fmt.Errorf("%s not found (apt-get install qemu-system-x86 qemu-utils)", b)
+		}
+	}
+	return nil
+}
+
+var buildOnce struct {
+	sync.Once
+	dir string
+	err error
+}
+
+// Binaries returns a directory holding nexus and nexus-agent: $NEXUS_BIN_DIR when set (make
+// test builds them first), otherwise built once per test process from this module.
+func Binaries() (string, error) {
+	if d := os.Getenv("NEXUS_BIN_DIR"); d != "" {
+		return d, nil
+	}
+	buildOnce.Do(func() {
+		root, err := moduleRoot()
+		if err != nil {
+			buildOnce.err = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "nexus-bin-")
+		if err != nil {
+			buildOnce.err = err
+			return
+		}
+		agent := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(dir, "nexus-agent"), "./services/vmm/agent/cmd/nexus-agent")
+		agent.Dir, agent.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := agent.CombinedOutput(); err != nil {
+			buildOnce.err = fmt.Errorf("build nexus-agent: %v: %s", err, out)
+			return
+		}
+		main := exec.Command("go", "build", "-o", filepath.Join(dir, "nexus"), ".")
+		main.Dir = root
+		if out, err := main.CombinedOutput(); err != nil {
+			buildOnce.err = fmt.Errorf("build nexus: %v: %s", err, out)
+			return
+		}
+		buildOnce.dir = dir
+	})
+	return buildOnce.dir, buildOnce.err
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the nexus module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// Stack is a whole nexus (`nexus up`) running as a child process in its own HOME and
+// NEXUS_HOME, for end-to-end tests. Start one per test package in TestMain.
+type Stack struct {
+	Root    string // temp dir holding home/ and nexus/
+	Home    home.Dir
+	Bin     string // the nexus binary
+	Env     []string
+	URL     string
+	cmd     *exec.Cmd
+	log     *bytes.Buffer
+	logMu   sync.Mutex
+	done    chan struct{}
+	Started time.Time
+}
+
+// StartStack starts `nexus up` on a free port with extra environment (K=V) and waits for
+// every service to answer.
+func StartStack(extraEnv ...string) (*Stack, error) {
+	bin, err := Binaries()
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.MkdirTemp("", "nexus-stack-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Stack{Root: root, Home: home.Dir(filepath.Join(root, "nexus")), Bin: filepath.Join(bin, "nexus")}
+	hh := filepath.Join(root, "home")
+	os.MkdirAll(hh, 0o700)
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	env := []string{}
+	for _, kv := range os.Environ() {
+		switch strings.SplitN(kv, "=", 2)[0] {
+		case "HOME", home.Env, "NEXUS_BUS_PORT", "NEXUS_BUS_URL", home.CacheEnv:
+			continue
+		}
+		env = append(env, kv)
+	}
+	s.Env = append(env, "HOME="+hh, home.Env+"="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), home.CacheEnv+"="+SharedCache())
+	s.Env = append(s.Env, extraEnv...)
+	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", port)
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Stack) start() error {
+	s.log = &bytes.Buffer{}
+	s.cmd = exec.Command(s.Bin, "up", "--log-level", "debug")
+	s.cmd.Env = s.Env
+	s.cmd.Stdout, s.cmd.Stderr = (*lockedWriter)(s), (*lockedWriter)(s)
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	s.done = make(chan struct{})
+	go func() { s.cmd.Wait(); close(s.done) }()
+	s.Started = time.Now()
+	err := Poll(60*time.Second, func() error {
+		select {
+		case <-s.done:
+			return errors.New("nexus up exited")
+		default:
+		}
+		_, _, code := s.run(context.Background(), nil, "status")
+		if code != 0 {
+			return errors.New("not all services are up")
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("stack did not come up: %v\n%s", err, s.Log())
+	}
+	return nil
+}
+
+type lockedWriter Stack
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.logMu.Lock()
+	defer w.logMu.Unlock()
+	return w.log.Write(p)
+}
+
+// Log is everything `nexus up` printed so far.
+func (s *Stack) Log() string {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	return s.log.String()
+}
+
+// Kill kills `nexus up` with SIGKILL (its VMs keep running) and waits for it to exit.
+func (s *Stack) Kill() {
+	s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Restart starts `nexus up` again on the same home.
+func (s *Stack) Restart() error { return s.start() }
+
+// Stop removes every sandbox, stops the stack and deletes its files.
+func (s *Stack) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s.run(ctx, nil, "rm", "--force", "-l", "nexus-test")
+	out, _, _ := s.run(ctx, nil, "ps", "-a", "--json")
+	_ = out
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(20 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+	// Any VM left behind (a test that failed midway) must not outlive the test run.
+	pids, _ := filepath.Glob(filepath.Join(s.Home.Sandboxes(), "*", "qemu.pid"))
+	for _, p := range pids {
+		if b, err := os.ReadFile(p); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 1 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	os.RemoveAll(s.Root)
+}
+
+// Nexus runs the CLI against the stack and returns stdout, stderr and the exit code.
+func (s *Stack) Nexus(t testing.TB, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	return s.run(ctx, nil, args...)
+}
+
+// NexusIn is Nexus with stdin.
+func (s *Stack) NexusIn(t testing.TB, stdin []byte, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	return s.run(ctx, stdin, args...)
+}
+
+// MustNexus runs the CLI and fails t unless it exits 0.
+func (s *Stack) MustNexus(t testing.TB, args ...string) string {
+	t.Helper()
+	out, errOut, code := s.Nexus(t, args...)
+	if code != 0 {
+		t.Fatalf("nexus %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+func (s *Stack) run(ctx context.Context, stdin []byte, args ...string) (string, string, int) {
+	cmd := exec.CommandContext(ctx, s.Bin, args...)
+	cmd.Env = s.Env
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else {
+			code = -1
+			errOut.WriteString(err.Error())
+		}
+	}
+	return out.String(), errOut.String(), code
+}
+
+// Command returns an exec.Cmd for the CLI with the stack's environment (for pty tests).
+func (s *Stack) Command(args ...string) *exec.Cmd {
+	cmd := exec.Command(s.Bin, args...)
+	cmd.Env = s.Env
+	return cmd
+}
+
+// Connect connects to the stack's bus as user.
+func (s *Stack) Connect(user string) (*nats.Conn, error) {
+	return bus.Connect(context.Background(), bus.ConnectConfig{Home: s.Home, User: user, URL: s.URL})
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
