@@ -20,7 +20,9 @@ import (
 	"github.com/IniZio/nexus/pkg/stream"
 )
 
-func init() { extraCommands = append(extraCommands, execCommand, attachCommand, cpCommand, logsCommand) }
+func init() {
+	extraCommands = append(extraCommands, execCommand, attachCommand, cpCommand, logsCommand)
+}
 
 // extraCommands are added to the root by NewRoot.
 var extraCommands []func() *cobra.Command

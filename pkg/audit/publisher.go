@@ -20,11 +20,11 @@ const QueueSize = 1 << 16
 // asynchronously, tracks every ack and republishes what was not acknowledged (with the same
 // message id, so the stream's duplicate window drops a retry that did land).
 type Publisher struct {
-	js   jetstream.JetStream
-	log  zerolog.Logger
-	q    chan pubItem
-	wg   sync.WaitGroup
-	once sync.Once
+	js      jetstream.JetStream
+	log     zerolog.Logger
+	q       chan pubItem
+	wg      sync.WaitGroup
+	once    sync.Once
 	subject func(Event) string
 }
 

@@ -92,10 +92,14 @@ func InSubject(sid string) string  { return bus.StreamPrefix + "." + sid + ".in"
 
 // Client opens the client side of sid: it receives on .out and sends on .in. Open it before
 // asking the service to start, so nothing the service sends is missed.
-func Client(nc *nats.Conn, sid string) (*Session, error) { return open(nc, InSubject(sid), OutSubject(sid)) }
+func Client(nc *nats.Conn, sid string) (*Session, error) {
+	return open(nc, InSubject(sid), OutSubject(sid))
+}
 
 // Server opens the service side of sid: it receives on .in and sends on .out.
-func Server(nc *nats.Conn, sid string) (*Session, error) { return open(nc, OutSubject(sid), InSubject(sid)) }
+func Server(nc *nats.Conn, sid string) (*Session, error) {
+	return open(nc, OutSubject(sid), InSubject(sid))
+}
 
 func open(nc *nats.Conn, send, recv string) (*Session, error) {
 	s := &Session{nc: nc, send: send, in: make(chan *nats.Msg, 1024), out: make(chan Msg, 64), credit: Window, done: make(chan struct{}),
