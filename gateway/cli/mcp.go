@@ -1,0 +1,59 @@
+package cli
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/IniZio/nexus/gateway/mcp"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/logging"
+	"github.com/IniZio/nexus/pkg/version"
+)
+
+func init() { extraCommands = append(extraCommands, mcpCommand) }
+
+func mcpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve the nexus MCP tools over stdio (claude mcp add --transport stdio nexus -- nexus mcp)",
+		Long: "Serve the nexus MCP tools over stdio. Stdout carries only the protocol; logs go to stderr\n" +
+			"(warn and above unless --log-level says otherwise). The bus is dialled on the first tool call,\n" +
+			"so the server starts even before `nexus up`.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level, _ := cmd.Flags().GetString("log-level")
+			if !cmd.Flags().Changed("log-level") {
+				level = "warn"
+			}
+			format, _ := cmd.Flags().GetString("log-format")
+			log, err := logging.New(os.Stderr, level, format)
+			if err != nil {
+				return err
+			}
+			h, err := home.Default()
+			if err != nil {
+				return StartupError(err)
+			}
+			srv, err := mcp.New(mcp.Config{
+				Home:    h,
+				Version: version.Version,
+				Log:     log,
+				Dial: func(ctx context.Context) (*nats.Conn, error) {
+					return bus.Connect(ctx, bus.ConnectConfig{Home: h, User: bus.UserCLI, Log: log})
+				},
+			})
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return srv.Serve(ctx, os.Stdin, os.Stdout)
+		},
+	}
+}

@@ -1,0 +1,313 @@
+package mcp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/stream"
+)
+
+const (
+	// OutputLimit is how much of each of stdout and stderr a result keeps: the first 64 KiB
+	// (cut back to a UTF-8 boundary). The *_bytes fields count everything the command wrote.
+	OutputLimit = 64 << 10
+	// DefaultExecTimeout kills a command that runs longer when the caller gave no timeout.
+	DefaultExecTimeout = 10 * time.Minute
+	// MaxExecTimeout is the longest timeout a caller may ask for.
+	MaxExecTimeout = 24 * time.Hour
+	// MaxStdin bounds the stdin text a caller may send.
+	MaxStdin = 8 << 20
+	// runLabel marks a sandbox made by sandbox_run with a nonce, so that its cleanup removes only
+	// the sandbox it made (never one that already had the name).
+	runLabel = "nexus.run"
+)
+
+// ExecResult is the result of sandbox_exec and sandbox_run.
+type ExecResult struct {
+	ExitCode        int    `json:"exit_code"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutBytes     int64  `json:"stdout_bytes"`
+	StderrBytes     int64  `json:"stderr_bytes"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	Signal          int    `json:"signal,omitempty"`
+	// Error is why the command could not run (e.g. not found), as the guest agent said.
+	Error string `json:"error,omitempty"`
+	// Sandbox and RemoveError are set by sandbox_run.
+	Sandbox     string `json:"sandbox,omitempty"`
+	RemoveError string `json:"remove_error,omitempty"`
+}
+
+// capture keeps the first limit bytes written to it and counts them all.
+type capture struct {
+	buf   []byte
+	total int64
+	limit int
+}
+
+func (c *capture) write(p []byte) {
+	c.total += int64(len(p))
+	if room := c.limit - len(c.buf); room > 0 {
+		c.buf = append(c.buf, p[:min(room, len(p))]...)
+	}
+}
+
+func (c *capture) truncated() bool { return c.total > int64(len(c.buf)) }
+
+// text returns the kept bytes, without a rune the limit cut in half.
+func (c *capture) text() string {
+	b := c.buf
+	if c.truncated() {
+		for i := 1; i <= utf8.UTFMax && i <= len(b); i++ {
+			if utf8.RuneStart(b[len(b)-i]) {
+				if !utf8.FullRune(b[len(b)-i:]) {
+					b = b[:len(b)-i]
+				}
+				break
+			}
+		}
+	}
+	return string(b)
+}
+
+type execArgs struct {
+	Name    string   `json:"name"`
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env"`
+	Workdir string   `json:"workdir"`
+	Stdin   *string  `json:"stdin"`
+	Timeout string   `json:"timeout"`
+}
+
+// execTimeout validates a caller's timeout; empty means DefaultExecTimeout.
+func execTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return DefaultExecTimeout, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 || d > MaxExecTimeout {
+		return 0, errdefs.Invalid("invalid timeout %q: use a duration like 30s or 5m, at most %s", s, MaxExecTimeout)
+	}
+	return d, nil
+}
+
+func checkCommand(argv, env []string, stdin *string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return errdefs.Invalid("argv is required: the command and its arguments, e.g. [\"sh\",\"-c\",\"echo hi\"]")
+	}
+	for _, e := range env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return errdefs.Invalid("invalid env entry %q: use KEY=VALUE", e)
+		}
+	}
+	if stdin != nil && len(*stdin) > MaxStdin {
+		return errdefs.Invalid("stdin is %d bytes, more than %d", len(*stdin), MaxStdin)
+	}
+	return nil
+}
+
+func (s *Server) sandboxExec(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+	var a execArgs
+	if err := bind(req, &a); err != nil {
+		return nil, err
+	}
+	if a.Name == "" {
+		return nil, errdefs.Invalid("name is required")
+	}
+	if err := checkCommand(a.Argv, a.Env, a.Stdin); err != nil {
+		return nil, err
+	}
+	timeout, err := execTimeout(a.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return runCommand(ctx, c, api.ExecRequest{Name: a.Name, Argv: a.Argv, Env: a.Env, Dir: a.Workdir}, a.Stdin, timeout)
+}
+
+// runCommand runs one command in a sandbox and collects its output. The guest kills the
+// command when timeout passes (exit code 124); the host gives up a little later.
+func runCommand(ctx context.Context, c *api.Client, req api.ExecRequest, stdin *string, timeout time.Duration) (*ExecResult, error) {
+	req.Timeout = timeout.String()
+	req.Stdin = stdin != nil
+	req.SID = stream.NewID()
+	sess, err := stream.Client(c.Conn(), req.SID)
+	if err != nil {
+		return nil, err
+	}
+	defer sess.Close()
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = c.Exec(rctx, req)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel = context.WithTimeout(ctx, timeout+30*time.Second)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		sess.Close() // ends Recv below; the guest process dies with the stream
+	}()
+	if stdin != nil {
+		go func() {
+			if len(*stdin) > 0 && sess.Write(stream.KindStdin, []byte(*stdin)) != nil {
+				return
+			}
+			sess.Send(stream.KindStdinClose, nil)
+		}()
+	}
+	stdout := &capture{limit: OutputLimit}
+	stderr := &capture{limit: OutputLimit}
+	for {
+		m, err := sess.Recv()
+		if err != nil {
+			switch {
+			case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+				return nil, errdefs.Unavailable("exec in %s: no exit status %s after the timeout: the sandbox stopped answering", req.Name, 30*time.Second)
+			case ctx.Err() != nil:
+				return nil, fmt.Errorf("exec in %s: cancelled", req.Name)
+			case errors.Is(err, stream.ErrPeerGone):
+				return nil, errdefs.Unavailable("exec in %s: lost the sandbox's output stream (is the vmm running?)", req.Name)
+			}
+			return nil, fmt.Errorf("exec in %s: the stream ended before the command exited: %w", req.Name, err)
+		}
+		switch m.Kind {
+		case stream.KindStdout:
+			stdout.write(m.Data)
+		case stream.KindStderr:
+			stderr.write(m.Data)
+		case stream.KindExit:
+			var exit vmmapi.Exit
+			if err := json.Unmarshal(m.Data, &exit); err != nil {
+				return nil, fmt.Errorf("exec in %s: bad exit message: %w", req.Name, err)
+			}
+			return &ExecResult{
+				ExitCode: exit.Code, Signal: exit.Signal, Error: oneLine(exit.Error),
+				Stdout: stdout.text(), StdoutBytes: stdout.total, StdoutTruncated: stdout.truncated(),
+				Stderr: stderr.text(), StderrBytes: stderr.total, StderrTruncated: stderr.truncated(),
+			}, nil
+		}
+	}
+}
+
+type runArgs struct {
+	Image   string   `json:"image"`
+	Argv    []string `json:"argv"`
+	Memory  int      `json:"memory"`
+	VCPUs   int      `json:"vcpus"`
+	Project string   `json:"project"`
+	Name    string   `json:"name"`
+	Env     []string `json:"env"`
+	Stdin   *string  `json:"stdin"`
+	Timeout string   `json:"timeout"`
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// sandboxRun creates a sandbox, runs one command and removes the sandbox whatever happened.
+func (s *Server) sandboxRun(ctx context.Context, req mcpgo.CallToolRequest) (res any, err error) {
+	var a runArgs
+	if err := bind(req, &a); err != nil {
+		return nil, err
+	}
+	if a.Image == "" {
+		return nil, errdefs.Invalid("image is required, e.g. nexus-base or nexus-mini")
+	}
+	if err := checkCommand(a.Argv, a.Env, a.Stdin); err != nil {
+		return nil, err
+	}
+	timeout, err := execTimeout(a.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	if a.Name == "" {
+		a.Name = "run-" + randomHex(4)
+	}
+	name, err := fullName(a.Project, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nonce := randomHex(8)
+	defer func() {
+		// Its own context: the caller's may be what ended (timeout, cancel).
+		rerr := s.removeOwned(name, runLabel, nonce)
+		if rerr == nil {
+			return
+		}
+		if r, ok := res.(*ExecResult); ok && err == nil {
+			r.RemoveError = oneLine(rerr.Error())
+			return
+		}
+		if err != nil {
+			err = fmt.Errorf("%w (and removing the sandbox failed: %v)", err, rerr)
+		}
+	}()
+	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
+	_, err = c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
+		Labels: map[string]string{runLabel: nonce}})
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	out, err := runCommand(ctx, c, api.ExecRequest{Name: name, Argv: a.Argv, Env: a.Env}, a.Stdin, timeout)
+	if err != nil {
+		return nil, err
+	}
+	out.Sandbox = name
+	return out, nil
+}
+
+// removeOwned removes sandbox name if its label key holds value (it is the one we made). A
+// sandbox that is already gone is fine.
+func (s *Server) removeOwned(name, key, value string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := s.client(ctx)
+	if err != nil {
+		return err
+	}
+	sb, err := c.Get(ctx, name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if sb.Labels[key] != value {
+		return nil // someone else's sandbox of the same name: not ours to remove
+	}
+	res, err := c.Apply(ctx, api.VerbRemove, api.NamesRequest{Names: []string{name}, Force: true})
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Error != "" && r.Code != errdefs.CodeNotFound {
+			return errdefs.FromCode(r.Code, r.Error)
+		}
+	}
+	return nil
+}

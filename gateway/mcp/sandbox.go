@@ -1,0 +1,194 @@
+package mcp
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// createArgs are the arguments of sandbox_create.
+type createArgs struct {
+	Name         string            `json:"name"`
+	Project      string            `json:"project"`
+	RemoveOnExit bool              `json:"remove_on_exit"`
+	Image        string            `json:"image"`
+	Memory       int               `json:"memory"`
+	VCPUs        int               `json:"vcpus"`
+	Agent        string            `json:"agent"`
+	Egress       string            `json:"egress"`
+	AllowedHosts []string          `json:"allowed_hosts"`
+	Secrets      []string          `json:"secrets"`
+	Labels       map[string]string `json:"labels"`
+}
+
+// fullName joins an optional project and a name ("p" + "n" → "p/n"). A name that already
+// names a project is taken as is when no project is given.
+func fullName(project, name string) (string, error) {
+	if name == "" {
+		return "", errdefs.Invalid("name is required")
+	}
+	if project != "" {
+		if strings.Contains(name, "/") {
+			return "", errdefs.Invalid("name %q already names a project; do not also pass project %q", name, project)
+		}
+		name = project + "/" + name
+	}
+	return api.ParseName(name)
+}
+
+// labelPairs validates labels the way `nexus create -l` does.
+func labelPairs(labels map[string]string) (map[string]string, error) {
+	if len(labels) == 0 {
+		return nil, nil
+	}
+	pairs := make([]string, 0, len(labels))
+	for k, v := range labels {
+		pairs = append(pairs, k+"="+v)
+	}
+	sort.Strings(pairs)
+	return api.ParseLabels(pairs)
+}
+
+func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+	var a createArgs
+	if err := bind(req, &a); err != nil {
+		return nil, err
+	}
+	name, err := fullName(a.Project, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	labels, err := labelPairs(a.Labels)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
+	defer cancel()
+	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets})
+	if sb != nil && a.RemoveOnExit {
+		// The record exists (even a failed boot leaves one): remove it on exit either way.
+		s.mu.Lock()
+		s.onExit[sb.Name] = true
+		s.mu.Unlock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+type listArgs struct {
+	All      *bool  `json:"all"`
+	Selector string `json:"selector"`
+}
+
+// listResult is sandbox_list's result: MCP structured content is an object.
+type listResult struct {
+	Sandboxes []api.SandboxView `json:"sandboxes"`
+}
+
+func (s *Server) sandboxList(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+	var a listArgs
+	if err := bind(req, &a); err != nil {
+		return nil, err
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := api.ListRequest{All: a.All == nil || *a.All}
+	if a.Selector != "" {
+		r.Selector = []string{a.Selector}
+	}
+	list, err := c.List(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if list == nil {
+		list = []api.SandboxView{}
+	}
+	return listResult{Sandboxes: list}, nil
+}
+
+type nameArgs struct {
+	Name  string `json:"name"`
+	Force *bool  `json:"force"`
+}
+
+func (s *Server) sandboxGet(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+	var a nameArgs
+	if err := bind(req, &a); err != nil {
+		return nil, err
+	}
+	if a.Name == "" {
+		return nil, errdefs.Invalid("name is required")
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Get(ctx, a.Name)
+}
+
+// applyResult is the outcome of a lifecycle verb on one sandbox.
+type applyResult struct {
+	Name  string `json:"name"`
+	State string `json:"state"`
+}
+
+// applyVerb serves start, stop, pause, resume and remove: one named sandbox each.
+func (s *Server) applyVerb(tool string) handlerFunc {
+	verb := map[string]string{
+		ToolSandboxStart: api.VerbStart, ToolSandboxStop: api.VerbStop, ToolSandboxPause: api.VerbPause,
+		ToolSandboxResume: api.VerbResume, ToolSandboxRemove: api.VerbRemove,
+	}[tool]
+	return func(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+		var a nameArgs
+		if err := bind(req, &a); err != nil {
+			return nil, err
+		}
+		if a.Name == "" {
+			return nil, errdefs.Invalid("name is required")
+		}
+		force := a.Force != nil && *a.Force
+		if tool == ToolSandboxRemove && a.Force == nil {
+			force = true // an agent asking to remove a sandbox means it, running or not
+		}
+		c, err := s.client(ctx)
+		if err != nil {
+			return nil, err
+		}
+		actx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
+		defer cancel()
+		res, err := c.Apply(actx, verb, api.NamesRequest{Names: []string{a.Name}, Force: force})
+		if err != nil {
+			return nil, err
+		}
+		if len(res) != 1 {
+			return nil, fmt.Errorf("the gateway answered %d results for one sandbox", len(res))
+		}
+		r := res[0]
+		if r.Error != "" {
+			return nil, errdefs.FromCode(r.Code, r.Error)
+		}
+		state := string(r.State)
+		if verb == api.VerbRemove {
+			state = "removed"
+			s.mu.Lock()
+			delete(s.onExit, r.Name)
+			s.mu.Unlock()
+		}
+		return applyResult{Name: r.Name, State: state}, nil
+	}
+}

@@ -1,0 +1,212 @@
+// Package mcp is nexus's MCP server (`nexus mcp`): the sandbox lifecycle, exec, logs, ports,
+// egress audit and worktree delegation as MCP tools over stdio (mark3labs/mcp-go).
+//
+// Like the CLI it is a thin client of the gateway's bus API (pkg/api/gateway), connected as the
+// bus user cli; it never reaches a service directly. Tool failures are MCP tool errors (a result
+// with isError set and a one-line message), never a protocol failure, so an agent can read
+// them and act. Stdout carries only the protocol; logs go to the injected logger (stderr).
+package mcp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log"
+	"strings"
+	"sync"
+	"time"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// Config configures the MCP server.
+type Config struct {
+	// Home is $NEXUS_HOME: delegation worktrees live under it.
+	Home home.Dir
+	// Dial connects to the bus as user cli. It is called lazily, on the first tool call that
+	// needs the gateway, and again after a connection is lost, so `nexus mcp` starts (and
+	// lists its tools) even when the stack is not up yet.
+	Dial func(ctx context.Context) (*nats.Conn, error)
+	Log  zerolog.Logger
+	// Version is reported to clients in the initialize handshake.
+	Version string
+}
+
+// Server is the MCP server.
+type Server struct {
+	cfg Config
+	log zerolog.Logger
+	mcp *server.MCPServer
+
+	mu sync.Mutex
+	nc *nats.Conn
+	// onExit holds sandboxes created with remove_on_exit; Close removes them.
+	onExit map[string]bool
+
+	// delegMu serialises worktree creation and teardown (git takes repo-wide locks).
+	delegMu sync.Mutex
+}
+
+// New builds the server and registers every tool.
+func New(cfg Config) (*Server, error) {
+	if cfg.Dial == nil {
+		return nil, errors.New("mcp: Config.Dial is required")
+	}
+	if cfg.Home == "" {
+		return nil, errors.New("mcp: Config.Home is required")
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, onExit: map[string]bool{}}
+	s.mcp = server.NewMCPServer("nexus", cfg.Version,
+		server.WithToolCapabilities(false),
+		server.WithRecovery(),
+		server.WithInstructions("nexus runs each task in its own Linux microVM with default-deny egress. "+
+			"Use sandbox_run for one-shot commands, sandbox_create + sandbox_exec for longer work, and the "+
+			"delegate_* tools to hand a git worktree of a host repo to an in-guest agent."),
+	)
+	for _, t := range s.tools() {
+		s.mcp.AddTool(t.tool, s.wrap(t.tool.Name, t.handler))
+	}
+	return s, nil
+}
+
+// MCPServer is the underlying mcp-go server (for in-process clients).
+func (s *Server) MCPServer() *server.MCPServer { return s.mcp }
+
+// Serve speaks MCP over in/out (stdin/stdout for `nexus mcp`) until in ends or ctx is done,
+// then runs Close.
+func (s *Server) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
+	defer s.Close()
+	std := server.NewStdioServer(s.mcp)
+	std.SetErrorLogger(log.New(zerologWriter{s.log}, "", 0))
+	err := std.Listen(ctx, in, out)
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Close removes the sandboxes created with remove_on_exit and drops the bus connection.
+func (s *Server) Close() {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.onExit))
+	for n := range s.onExit {
+		names = append(names, n)
+	}
+	s.onExit = map[string]bool{}
+	s.mu.Unlock()
+	if len(names) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		if c, err := s.client(ctx); err == nil {
+			res, err := c.Apply(ctx, api.VerbRemove, api.NamesRequest{Names: names, Force: true})
+			if err != nil {
+				s.log.Warn().Err(err).Strs("sandboxes", names).Msg("remove_on_exit: remove failed")
+			}
+			for _, r := range res {
+				if r.Error != "" && r.Code != errdefs.CodeNotFound {
+					s.log.Warn().Str("sandbox", r.Name).Str("error", r.Error).Msg("remove_on_exit: remove failed")
+				}
+			}
+		}
+		cancel()
+	}
+	s.mu.Lock()
+	if s.nc != nil {
+		s.nc.Close()
+		s.nc = nil
+	}
+	s.mu.Unlock()
+}
+
+// client returns a gateway client, dialling the bus when there is no live connection.
+func (s *Server) client(ctx context.Context) (*api.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nc != nil && !s.nc.IsClosed() {
+		return api.NewClient(s.nc), nil
+	}
+	nc, err := s.cfg.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.nc = nc
+	return api.NewClient(nc), nil
+}
+
+// handlerFunc is a tool body: it returns a JSON object for structuredContent or an error that
+// becomes a tool error.
+type handlerFunc func(ctx context.Context, req mcpgo.CallToolRequest) (any, error)
+
+type toolDef struct {
+	tool    mcpgo.Tool
+	handler handlerFunc
+}
+
+// toolError is an error with structured details for the client (e.g. the changed files of a
+// dirty worktree).
+type toolError struct {
+	msg     string
+	details map[string]any
+}
+
+func (e *toolError) Error() string { return e.msg }
+
+// wrap turns a handlerFunc into an mcp-go handler: results become structured content with a
+// JSON text fallback, errors become tool errors with one readable line.
+func (s *Server) wrap(name string, fn handlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
+		start := time.Now()
+		out, err := fn(ctx, req)
+		if err != nil {
+			msg := oneLine(err.Error())
+			s.log.Info().Str("tool", name).Str("error", msg).Dur("took", time.Since(start)).Msg("tool failed")
+			res := mcpgo.NewToolResultError(msg)
+			var te *toolError
+			if errors.As(err, &te) && te.details != nil {
+				details := map[string]any{"error": msg}
+				for k, v := range te.details {
+					details[k] = v
+				}
+				res.StructuredContent = details
+			}
+			return res, nil
+		}
+		s.log.Debug().Str("tool", name).Dur("took", time.Since(start)).Msg("tool done")
+		return mcpgo.NewToolResultStructuredOnly(out), nil
+	}
+}
+
+// bind decodes the tool arguments into v; a type mismatch is the caller's error.
+func bind(req mcpgo.CallToolRequest, v any) error {
+	if req.GetRawArguments() == nil {
+		return nil
+	}
+	if err := req.BindArguments(v); err != nil {
+		return errdefs.Invalid("invalid arguments: %v", err)
+	}
+	return nil
+}
+
+// oneLine makes an error message fit one line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	s = strings.TrimPrefix(s, "nexus: ")
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// zerologWriter adapts the logger for mcp-go's *log.Logger.
+type zerologWriter struct{ log zerolog.Logger }
+
+func (w zerologWriter) Write(p []byte) (int, error) {
+	w.log.Warn().Str("component", "mcp-stdio").Msg(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,147 @@
+package mcp
+
+import (
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+)
+
+// Tool names: the 13 of the spec (seed "AI Agents") plus the gaps it lists (logs, ports,
+// egress audit) and sandbox_get.
+const (
+	ToolSandboxCreate    = "sandbox_create"
+	ToolSandboxList      = "sandbox_list"
+	ToolSandboxGet       = "sandbox_get"
+	ToolSandboxStart     = "sandbox_start"
+	ToolSandboxStop      = "sandbox_stop"
+	ToolSandboxPause     = "sandbox_pause"
+	ToolSandboxResume    = "sandbox_resume"
+	ToolSandboxRemove    = "sandbox_remove"
+	ToolSandboxExec      = "sandbox_exec"
+	ToolSandboxRun       = "sandbox_run"
+	ToolSandboxLogs      = "sandbox_logs"
+	ToolSandboxPorts     = "sandbox_ports"
+	ToolEgressAudit      = "egress_audit"
+	ToolWorktreeCreate   = "delegate_worktree_create"
+	ToolAgentDispatch    = "delegate_agent_dispatch"
+	ToolAgentPoll        = "delegate_agent_poll"
+	ToolDelegateTeardown = "delegate_teardown"
+)
+
+// nameProp is the sandbox name argument every per-sandbox tool takes.
+func nameProp(key string) mcpgo.ToolOption {
+	return mcpgo.WithString(key, mcpgo.Required(), mcpgo.Description("sandbox name: [project/]name (project defaults to \"default\")"))
+}
+
+func (s *Server) tools() []toolDef {
+	ro := mcpgo.WithReadOnlyHintAnnotation(true)
+	return []toolDef{
+		{mcpgo.NewTool(ToolSandboxCreate,
+			mcpgo.WithDescription("Create a sandbox (a Linux microVM) and boot it; returns the sandbox record once its guest agent answers. "+
+				"Egress is none unless allowed_hosts or egress say otherwise."),
+			mcpgo.WithString("name", mcpgo.Required(), mcpgo.Description("sandbox name, or project/name")),
+			mcpgo.WithString("project", mcpgo.Description("project of the sandbox (default \"default\")")),
+			mcpgo.WithBoolean("remove_on_exit", mcpgo.Description("remove the sandbox when this MCP server exits")),
+			mcpgo.WithString("image", mcpgo.Description("root image: nexus-base (default), nexus-mini, …")),
+			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
+			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),
+			mcpgo.WithString("agent", mcpgo.Description("agent profile (default claude-code); an unknown name is refused")),
+			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated, allow-all[=DURATION] or none")),
+			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("hosts the sandbox may reach: host[:port]; a bare host means 443 and 80")),
+			mcpgo.WithArray("secrets", mcpgo.WithStringItems(), mcpgo.Description("named secrets from `nexus secret set` to broker: NAME@host[,host]")),
+			mcpgo.WithObject("labels", mcpgo.Description("labels key=value for selection"), mcpgo.AdditionalProperties(map[string]any{"type": "string"})),
+		), s.sandboxCreate},
+		{mcpgo.NewTool(ToolSandboxList,
+			mcpgo.WithDescription("List sandboxes with their state, image, agent, egress and labels"),
+			mcpgo.WithBoolean("all", mcpgo.Description("include stopped and failed sandboxes (default true)"), mcpgo.DefaultBool(true)),
+			mcpgo.WithString("selector", mcpgo.Description("label selector: k=v, k!=v or k, comma-separated")),
+			ro,
+		), s.sandboxList},
+		{mcpgo.NewTool(ToolSandboxGet,
+			mcpgo.WithDescription("Show one sandbox's record: state (and why it failed), image, resources, egress, mounts"),
+			nameProp("name"), ro,
+		), s.sandboxGet},
+		{mcpgo.NewTool(ToolSandboxStart, mcpgo.WithDescription("Start a created or stopped sandbox"), nameProp("name")), s.applyVerb(ToolSandboxStart)},
+		{mcpgo.NewTool(ToolSandboxStop, mcpgo.WithDescription("Stop a running sandbox; its disk is kept"), nameProp("name"),
+			mcpgo.WithBoolean("force", mcpgo.Description("kill the VM instead of a clean shutdown"))), s.applyVerb(ToolSandboxStop)},
+		{mcpgo.NewTool(ToolSandboxPause, mcpgo.WithDescription("Pause a running sandbox"), nameProp("name")), s.applyVerb(ToolSandboxPause)},
+		{mcpgo.NewTool(ToolSandboxResume, mcpgo.WithDescription("Resume a paused sandbox"), nameProp("name")), s.applyVerb(ToolSandboxResume)},
+		{mcpgo.NewTool(ToolSandboxRemove, mcpgo.WithDescription("Remove a sandbox and everything it owns (VM, disk, network)"), nameProp("name"),
+			mcpgo.WithBoolean("force", mcpgo.Description("remove it even if it is running (default true)"), mcpgo.DefaultBool(true)),
+			mcpgo.WithDestructiveHintAnnotation(true)), s.applyVerb(ToolSandboxRemove)},
+		{mcpgo.NewTool(ToolSandboxExec,
+			mcpgo.WithDescription("Run a command inside an existing sandbox and wait for it; returns {exit_code, stdout, stderr, stdout_bytes, stderr_bytes, "+
+				"stdout_truncated, stderr_truncated}. Each stream keeps its first 64 KiB; *_bytes count everything the command wrote."),
+			nameProp("name"),
+			mcpgo.WithArray("argv", mcpgo.Required(), mcpgo.WithStringItems(), mcpgo.MinItems(1), mcpgo.Description("command and arguments, e.g. [\"sh\",\"-c\",\"make test\"]")),
+			mcpgo.WithArray("env", mcpgo.WithStringItems(), mcpgo.Description("extra environment: KEY=VALUE")),
+			mcpgo.WithString("workdir", mcpgo.Description("working directory in the guest")),
+			mcpgo.WithString("stdin", mcpgo.Description("text written to the command's stdin, then closed")),
+			mcpgo.WithString("timeout", mcpgo.Description("kill the command after this long, e.g. 30s or 5m (default 10m); exit code 124")),
+		), s.sandboxExec},
+		{mcpgo.NewTool(ToolSandboxRun,
+			mcpgo.WithDescription("Ephemeral create+boot+exec+remove in one call. The sandbox is removed unconditionally: on success, on error and on timeout. "+
+				"Returns the sandbox_exec result plus the sandbox name."),
+			mcpgo.WithString("image", mcpgo.Required(), mcpgo.Description("root image, e.g. nexus-base or nexus-mini")),
+			mcpgo.WithArray("argv", mcpgo.Required(), mcpgo.WithStringItems(), mcpgo.MinItems(1), mcpgo.Description("command and arguments")),
+			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
+			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),
+			mcpgo.WithString("project", mcpgo.Description("project of the sandbox (default \"default\")")),
+			mcpgo.WithString("name", mcpgo.Description("sandbox name (default run-<random>)")),
+			mcpgo.WithArray("env", mcpgo.WithStringItems(), mcpgo.Description("extra environment: KEY=VALUE")),
+			mcpgo.WithString("stdin", mcpgo.Description("text written to the command's stdin, then closed")),
+			mcpgo.WithString("timeout", mcpgo.Description("kill the command after this long (default 10m); exit code 124")),
+		), s.sandboxRun},
+		{mcpgo.NewTool(ToolSandboxLogs,
+			mcpgo.WithDescription("Read a sandbox's console log (kernel and guest agent) from a cursor; call again with next_cursor to follow it"),
+			nameProp("name"),
+			mcpgo.WithString("cursor", mcpgo.Description("next_cursor of the previous call; omit to read from the start")),
+			mcpgo.WithInteger("max_bytes", mcpgo.Description("at most this many bytes (default and cap 65536)"), mcpgo.Min(0)),
+			ro,
+		), s.sandboxLogs},
+		{mcpgo.NewTool(ToolSandboxPorts,
+			mcpgo.WithDescription("List the guest listeners forwarded to 127.0.0.1 on the host at the same port"),
+			nameProp("name"), ro,
+		), s.sandboxPorts},
+		{mcpgo.NewTool(ToolEgressAudit,
+			mcpgo.WithDescription("Recent egress decisions (dns, l4, tls, http, credential swaps, git relay) of a sandbox, oldest first"),
+			nameProp("sandbox"),
+			mcpgo.WithInteger("limit", mcpgo.Description("at most this many of the most recent events (default 100, cap 1000)"), mcpgo.Min(0)),
+			mcpgo.WithString("since", mcpgo.Description("only events newer than this, e.g. 15m or 24h (default: all kept)")),
+			mcpgo.WithBoolean("denied", mcpgo.Description("only denied decisions")),
+			ro,
+		), s.egressAudit},
+		{mcpgo.NewTool(ToolWorktreeCreate,
+			mcpgo.WithDescription("Create a git worktree of a host repo on a new branch nexus/<name> and a sandbox with it mounted at /workspace. "+
+				"allowed_branches is rejected if set: the branch policy is derived from the worktree's branch."),
+			mcpgo.WithString("repo_path", mcpgo.Required(), mcpgo.Description("absolute path of a git repository on the host")),
+			mcpgo.WithString("name", mcpgo.Description("delegation name: branch nexus/<name>, sandbox <name> (default task-<random>)")),
+			mcpgo.WithString("base", mcpgo.Description("commit-ish the branch starts from (default HEAD)")),
+			mcpgo.WithString("project", mcpgo.Description("project of the sandbox (default \"default\")")),
+			mcpgo.WithString("image", mcpgo.Description("root image (default nexus-base; it has git)")),
+			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
+			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),
+			mcpgo.WithString("agent", mcpgo.Description("agent profile (default claude-code)")),
+			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated, allow-all[=DURATION] or none")),
+			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("extra hosts the sandbox may reach")),
+		), s.delegateWorktreeCreate},
+		{mcpgo.NewTool(ToolAgentDispatch,
+			mcpgo.WithDescription("Submit a brief to the in-guest agent of a delegation sandbox: the brief is written to "+briefPath+
+				" and the profile's launch command is started detached, fed the brief on stdin. Returns once the brief is delivered, not when the work is done."),
+			nameProp("sandbox"),
+			mcpgo.WithString("brief", mcpgo.Required(), mcpgo.Description("the task, in prose")),
+			mcpgo.WithArray("command", mcpgo.WithStringItems(), mcpgo.Description("launch this instead of the agent profile's command (absolute path first)")),
+		), s.delegateAgentDispatch},
+		{mcpgo.NewTool(ToolAgentPoll,
+			mcpgo.WithDescription("Progress of a delegation: the worktree's branch, its recent commits (git log --oneline) and git status --porcelain"),
+			nameProp("sandbox"),
+			mcpgo.WithInteger("commits", mcpgo.Description("how many recent commits (default 10, cap 100)"), mcpgo.Min(0)),
+			ro,
+		), s.delegateAgentPoll},
+		{mcpgo.NewTool(ToolDelegateTeardown,
+			mcpgo.WithDescription("Remove a delegation's sandbox and its worktree (the branch and its commits stay). "+
+				"A dirty worktree returns a structured error listing the changed files unless force is true, which discards them."),
+			nameProp("sandbox"),
+			mcpgo.WithBoolean("force", mcpgo.Description("discard uncommitted changes")),
+			mcpgo.WithDestructiveHintAnnotation(true),
+		), s.delegateTeardown},
+	}
+}
