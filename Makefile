@@ -3,6 +3,10 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 export NEXUS_HOME ?= $(HOME)/.local/share/nexus
+# Tests run in temp homes but share one download cache (kernel, debs, images' inputs).
+export NEXUS_CACHE ?= $(NEXUS_HOME)/cache
+export NEXUS_TEST_CACHE ?= $(NEXUS_CACHE)/test
+export NEXUS_BIN_DIR := $(CURDIR)/bin
 # apt packages the stack and its tests need; installed only when missing.
 APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fsprogs tmux \
 	openssh-server openssh-client git curl ca-certificates socat passt mitmproxy
@@ -32,7 +36,7 @@ run: deps build
 test: deps build test-unit test-vm
 
 test-unit:
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /services/vmm -e /e2e)
+	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /services/vmm -e /e2e)
 
 test-vm:
 	$(GO) test -count=1 -p 1 -timeout 40m $(VM_PKGS)

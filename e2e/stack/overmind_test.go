@@ -1,0 +1,111 @@
+package stack_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/testutil"
+)
+
+// TestOvermindSurvivesKill9 runs the Procfile under overmind, one process per service, and
+// kills the bus, the gateway and the vmm with SIGKILL in turn: each comes back, status turns
+// green again, and the registry and the running sandbox are intact.
+func TestOvermindSurvivesKill9(t *testing.T) {
+	testutil.RequireQEMU(t)
+	if _, err := exec.LookPath("tmux"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI needs tmux for overmind")
+		}
+		t.Skip("tmux not installed")
+	}
+	e := env(t)
+	dir := t.TempDir()
+	var procfile strings.Builder
+	for _, s := range []string{"bus", "gateway", "vmm", "netstack", "mitm", "credbroker", "gitrelay", "portfwd"} {
+		fmt.Fprintf(&procfile, "%s: %s serve %s\n", s, bin(t), s)
+	}
+	os.WriteFile(filepath.Join(dir, "Procfile"), []byte(procfile.String()), 0o644)
+	sock := filepath.Join(dir, "overmind.sock")
+	root := moduleRoot(t)
+	overmind := func(args ...string) *exec.Cmd {
+		cmd := exec.Command("go", append([]string{"tool", "overmind"}, args...)...)
+		cmd.Dir = root
+		cmd.Env = append(e, "OVERMIND_AUTO_RESTART=all", "OVERMIND_SOCKET="+sock, "TMUX_TMPDIR="+dir)
+		return cmd
+	}
+	if out, err := overmind("start", "-D", "-f", filepath.Join(dir, "Procfile"), "-d", dir).CombinedOutput(); err != nil {
+		t.Fatalf("overmind start: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		run(t, e, "rm", "--force", "-l", "nexus-test")
+		overmind("quit").Run()
+	})
+	pids := waitGreen(t, e, nil)
+	distinct := map[int]bool{}
+	for _, p := range pids {
+		distinct[p] = true
+	}
+	if len(distinct) != 8 {
+		t.Fatalf("want 8 processes, got pids %v", pids)
+	}
+
+	out, errOut, code := run(t, e, "create", "om/box", "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1")
+	if code != 0 {
+		t.Fatalf("create: %s %s", out, errOut)
+	}
+	run(t, e, "exec", "om/box", "--", "sh", "-c", "echo survived > /root/mark")
+
+	for _, victim := range []string{"bus", "gateway", "vmm"} {
+		syscall.Kill(pids[victim], syscall.SIGKILL)
+		pids = waitGreen(t, e, map[string]int{victim: pids[victim]})
+		testutil.WaitFor(t, 60*time.Second, func() error {
+			out, errOut, code := run(t, e, "exec", "om/box", "--", "cat", "/root/mark")
+			if code != 0 || out != "survived\n" {
+				return fmt.Errorf("after kill -9 of %s: exec: %d %q %q", victim, code, out, errOut)
+			}
+			return nil
+		})
+		out, _, _ := run(t, e, "ps", "-a", "--json")
+		var list []api.SandboxView
+		json.Unmarshal([]byte(out), &list)
+		if len(list) != 1 || list[0].State != api.StateRunning {
+			t.Fatalf("after kill -9 of %s the registry holds %+v", victim, list)
+		}
+	}
+}
+
+// waitGreen waits until every service is up and none still has a pid from old; it returns the
+// pid of each service.
+func waitGreen(t *testing.T, e []string, old map[string]int) map[string]int {
+	pids := map[string]int{}
+	testutil.WaitFor(t, 90*time.Second, func() error {
+		rows, _ := statusOf(t, e)
+		if err := allUp(rows); err != nil {
+			return err
+		}
+		for _, r := range rows {
+			if old[r.Service] == r.PID {
+				return fmt.Errorf("%s still has its old pid", r.Service)
+			}
+			pids[r.Service] = r.PID
+		}
+		return nil
+	})
+	return pids
+}
+
+func moduleRoot(t *testing.T) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
