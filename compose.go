@@ -77,7 +77,7 @@ func components() []component {
 			return gitrelay.New(gitrelay.Config{Bus: env.nc, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
 		}},
 		{name: "portfwd", about: "guest listeners at the same port on the host", run: func(ctx context.Context, env runEnv) error {
-			return portfwd.New(portfwd.Config{Bus: env.nc, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
+			return portfwd.New(portfwd.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
 		}},
 	}
 }
