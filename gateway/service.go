@@ -103,6 +103,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			bus.Handle(s, "logs", sub(api.VerbLogs), g.logs),
 			bus.Handle(s, "images", sub(api.VerbImages), g.images),
 			bus.Handle(s, "image", sub(api.VerbImage), g.image),
+			bus.Handle(s, "ports", sub(verbPorts), g.ports),
 		}
 		for _, err := range errs {
 			if err != nil {
@@ -199,7 +200,7 @@ func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) er
 		return err
 	}
 	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
-		Hostname: hostname(sb.Name), Progress: progress}
+		Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward}
 	for _, m := range sb.Mounts {
 		req.Mounts = append(req.Mounts, vmmapi.Mount{Host: m.Host, Guest: m.Guest, ReadOnly: m.ReadOnly})
 	}

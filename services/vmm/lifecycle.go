@@ -101,6 +101,9 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return api.StartResponse{}, wrap("disk", err)
 	}
+	if err := setPortForward(dir, !r.NoPortForward); err != nil {
+		return api.StartResponse{}, wrap("disk", err)
+	}
 	disk := filepath.Join(dir, "disk.qcow2")
 	if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
 		if err := os.WriteFile(filepath.Join(dir, imageFile), []byte(r.Image+"\n"), 0o600); err != nil {
@@ -206,6 +209,7 @@ func (s *Service) serve(m *machine) {
 		}
 	}()
 	go s.watch(ctx, m)
+	go s.watchListeners(ctx, m)
 }
 
 func (s *Service) isStopping(m *machine) bool {

@@ -45,6 +45,8 @@ type StartRequest struct {
 	Env       map[string]string `json:"env,omitempty"` // applied to every exec; may hold placeholders
 	Mounts    []Mount           `json:"mounts,omitempty"`
 	NetSocket string            `json:"net_socket,omitempty"` // netstack's unix socket; empty: no NIC at all
+	// NoPortForward keeps guest listeners from being published to the port forwarder.
+	NoPortForward bool `json:"no_port_forward,omitempty"`
 	// Files are written into the guest before it is reported ready (CA certificates etc).
 	Files []File `json:"files,omitempty"`
 	// Progress, when set, receives one Step message per boot step as it finishes.

@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
+)
+
+func init() { extraCommands = append(extraCommands, portsCommand) }
+
+func portsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ports [[project/]NAME]",
+		Short: "List guest ports forwarded to the same port on 127.0.0.1, and conflicts",
+		Long: "Guest TCP listeners on ports " + strconv.Itoa(portfwdapi.MinPort) + "-" + strconv.Itoa(portfwdapi.MaxPort) +
+			" appear at the same port on 127.0.0.1 of the host. A port already taken on the host, or by another\n" +
+			"sandbox first, is listed as a conflict with what holds it; the number is never changed.",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			list, err := portfwdapi.Ports(cmd.Context(), c.Conn(), name)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				printJSON(cmd.OutOrStdout(), list)
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SANDBOX\tPORT\tHOST ADDRESS\tSTATE\tHOLDER\tSINCE")
+			for _, f := range list {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", f.Sandbox, f.Port, f.HostAddr, f.State, dash(f.Holder), age(f.Since))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

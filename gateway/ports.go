@@ -1,0 +1,29 @@
+package gateway
+
+import (
+	"context"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
+)
+
+// verbPorts is nexus.gateway.sandbox.ports: the port forwards of one sandbox, or of all.
+const verbPorts = portfwdapi.VerbGatewayPorts
+
+// ports asks the port forwarder of the sandbox's host for its forwards and conflicts; without
+// a name, those of every sandbox on this gateway's host.
+func (g *Gateway) ports(ctx context.Context, r portfwdapi.PortsRequest) ([]portfwdapi.Forward, error) {
+	host, req := g.cfg.Host, portfwdapi.ListRequest{}
+	if r.Name != "" {
+		name, err := api.ParseName(r.Name)
+		if err != nil {
+			return nil, err
+		}
+		sb, err := g.reg.Get(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		host, req.ID = sb.Host, sb.ID
+	}
+	return portfwdapi.NewClient(g.cfg.Bus, host).List(ctx, req)
+}
