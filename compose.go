@@ -21,7 +21,9 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/version"
+	"github.com/IniZio/nexus/services/credbroker"
 	"github.com/IniZio/nexus/services/gitrelay"
+	"github.com/IniZio/nexus/services/mitm"
 	"github.com/IniZio/nexus/services/portfwd"
 	"github.com/IniZio/nexus/services/vmm"
 	"github.com/IniZio/nexus/services/vmm/qemu"
@@ -71,8 +73,18 @@ func components() []component {
 			return v.Run(ctx)
 		}},
 		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: idle("netstack", "per-sandbox userspace network and L4 allowlist")},
-		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: idle("mitm", "TLS MITM: SNI/Host allowlist and credential swap")},
-		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: idle("credbroker", "secrets, placeholders, credential guardian")},
+		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: func(ctx context.Context, env runEnv) error {
+			return mitm.NewService(mitm.ServiceConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				Addr: os.Getenv("NEXUS_MITM_ADDR")}).Run(ctx)
+		}},
+		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: func(ctx context.Context, env runEnv) error {
+			s, err := credbroker.NewService(credbroker.ServiceConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				TokenURL: os.Getenv("NEXUS_CLAUDE_TOKEN_URL")})
+			if err != nil {
+				return err
+			}
+			return s.Run(ctx)
+		}},
 		{name: "gitrelay", about: "git over SSH relay with repo and branch policy", run: func(ctx context.Context, env runEnv) error {
 			return gitrelay.New(gitrelay.Config{Bus: env.nc, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
 		}},

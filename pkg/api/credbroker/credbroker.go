@@ -122,3 +122,12 @@ type SecretListResponse struct {
 type SecretRemoveRequest struct {
 	Name string `json:"name"`
 }
+
+// SubjectGuard arms the Claude credential guardian for a sandbox that live-mounts the host's
+// credentials; SubjectForget disarms it.
+const SubjectGuard = "nexus.cred.guard"
+
+// GuardRequest names the sandbox that needs the guardian.
+type GuardRequest struct {
+	SandboxID string `json:"sandbox_id"`
+}

@@ -60,3 +60,12 @@ func HashHex(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:])
 }
+
+// RegisterResponse says where the MITM accepts the netstack shim's CONNECTs.
+type RegisterResponse struct {
+	Addr string `json:"addr"`
+}
+
+// AddrFile is where, under $NEXUS_HOME/run, the mitm writes its listen address for the netstack
+// of the same host.
+const AddrFile = "mitm.addr"

@@ -1,0 +1,167 @@
+package gateway
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/policy"
+	"github.com/IniZio/nexus/pkg/profile"
+)
+
+// DefaultAllowAll is how long --egress allow-all lasts when no duration is given.
+const DefaultAllowAll = 24 * time.Hour
+
+// GitHubHosts are the hosts a --repo binding brings.
+var GitHubHosts = []string{"github.com", "api.github.com", "uploads.github.com", "codeload.github.com"}
+
+// GitHubSecret is the named secret brokered as GH_TOKEN for --repo sandboxes, when it is set
+// (`nexus secret set GH_TOKEN --command 'gh auth token'`).
+const GitHubSecret = "GH_TOKEN"
+
+var repoRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$`)
+
+// egressPlan is the perimeter a create asks for, validated.
+type egressPlan struct {
+	egress   api.Egress
+	rules    []policy.Rule
+	hosts    []string // hostnames the mitm allows
+	bindings []credapi.Binding
+	secrets  []api.SecretBinding
+}
+
+// planEgress turns the create flags and the agent profile into an egress plan.
+// Curated is the default whenever the allowlist is non-empty; allow-all always expires.
+func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secretExists func(string) bool) (*egressPlan, error) {
+	p := &egressPlan{}
+	var allow []string
+	allow = append(allow, prof.EgressHosts...)
+	for _, h := range r.AllowHosts {
+		if _, err := policy.ParseRule(h); err != nil {
+			return nil, errdefs.Invalid("invalid --allow-host %q: %v", h, err)
+		}
+		allow = append(allow, h)
+	}
+	for _, repo := range r.Repos {
+		if !repoRE.MatchString(repo) || strings.Contains(repo, "..") {
+			return nil, errdefs.Invalid("invalid --repo %q: use owner/repo", repo)
+		}
+		p.egress.Repos = append(p.egress.Repos, strings.ToLower(repo))
+	}
+	if len(r.Repos) > 0 {
+		allow = append(allow, GitHubHosts...)
+		if secretExists(GitHubSecret) {
+			p.bindings = append(p.bindings, credapi.Binding{Secret: GitHubSecret, Hosts: []string{"api.github.com", "uploads.github.com", "github.com"}, Kind: credapi.KindGitHub})
+			p.secrets = append(p.secrets, api.SecretBinding{Name: GitHubSecret, Hosts: []string{"api.github.com", "uploads.github.com", "github.com"}})
+		}
+	}
+	for _, s := range r.Secrets {
+		name, hostList, ok := strings.Cut(s, "@")
+		if !ok || name == "" || hostList == "" {
+			return nil, errdefs.Invalid("invalid --secret %q: use NAME@host[,host]", s)
+		}
+		var hosts []string
+		for _, h := range strings.Split(hostList, ",") {
+			rule, err := policy.ParseRule(h)
+			if err != nil || rule.Host == "" || strings.HasPrefix(rule.Host, "*") {
+				return nil, errdefs.Invalid("invalid --secret %q: %q is not a host name", s, h)
+			}
+			hosts = append(hosts, rule.Host)
+		}
+		if !secretExists(name) {
+			return nil, errdefs.Invalid("--secret %s: no secret named %s: set it first with `nexus secret set %s`", s, name, name)
+		}
+		allow = append(allow, hosts...)
+		p.bindings = append(p.bindings, credapi.Binding{Secret: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name)})
+		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts})
+	}
+	for _, s := range prof.Secrets {
+		if secretExists(s.Name) {
+			allow = append(allow, s.Hosts...)
+			p.bindings = append(p.bindings, credapi.Binding{Secret: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env})
+			p.secrets = append(p.secrets, api.SecretBinding{Name: s.Name, Hosts: s.Hosts})
+		}
+	}
+	rules, err := policy.ParseRules(dedupe(allow))
+	if err != nil {
+		return nil, errdefs.Invalid("invalid allowlist: %v", err)
+	}
+	p.rules = rules
+	for _, rule := range rules {
+		if !slices.Contains(p.hosts, rule.Host) {
+			p.hosts = append(p.hosts, rule.Host)
+		}
+		p.egress.Allow = append(p.egress.Allow, rule.String())
+	}
+	mode, arg, _ := strings.Cut(r.EgressMode, "=")
+	switch mode {
+	case "":
+		p.egress.Mode = api.EgressCurated
+		if len(rules) == 0 {
+			p.egress.Mode = api.EgressNone
+		}
+	case api.EgressCurated:
+		p.egress.Mode = api.EgressCurated
+	case api.EgressNone:
+		if arg != "" {
+			return nil, errdefs.Invalid("invalid --egress %q: none takes no duration", r.EgressMode)
+		}
+		p.egress.Mode = api.EgressNone
+		p.bindings, p.secrets = nil, nil
+	case api.EgressAllowAll:
+		d := DefaultAllowAll
+		if arg != "" {
+			var err error
+			if d, err = time.ParseDuration(arg); err != nil || d <= 0 {
+				return nil, errdefs.Invalid("invalid --egress %q: allow-all=DURATION takes a Go duration such as 30m or 72h", r.EgressMode)
+			}
+		}
+		p.egress.Mode = api.EgressAllowAll
+		p.egress.AllowAllUntil = now.Add(d).UTC()
+		// Allow-all has no MITM and seeds no credentials (the spec's AllowAll mode).
+		p.bindings, p.secrets = nil, nil
+	default:
+		return nil, errdefs.Invalid("invalid --egress %q: use curated, allow-all[=DURATION] or none", r.EgressMode)
+	}
+	return p, nil
+}
+
+func dedupe(in []string) []string {
+	var out []string
+	for _, s := range in {
+		s = strings.ToLower(strings.TrimSpace(s))
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// kindOf infers a credential kind from the secret's name.
+func kindOf(name string) string {
+	switch strings.ToUpper(name) {
+	case "GH_TOKEN", "GITHUB_TOKEN":
+		return credapi.KindGitHub
+	case "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY":
+		return credapi.KindAnthropic
+	case "OPENAI_API_KEY":
+		return credapi.KindOpenAI
+	}
+	return credapi.KindGeneric
+}
+
+// envOf names the guest variable of a generic secret: the secret's own name when it is a valid
+// variable name.
+var envRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func envOf(name string) string {
+	if kindOf(name) != credapi.KindGeneric || !envRE.MatchString(name) {
+		return ""
+	}
+	return name
+}
+

@@ -1,0 +1,186 @@
+package mitm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/testknobs"
+)
+
+// ServiceConfig configures the mitm service on the bus.
+type ServiceConfig struct {
+	Bus     *nats.Conn
+	Home    home.Dir
+	Host    string
+	Log     zerolog.Logger
+	Version string
+	// Addr is where CONNECTs are accepted; default the address used last time, else a free
+	// loopback port. It is written to $NEXUS_HOME/run/mitm.addr for the netstack.
+	Addr string
+}
+
+// Service runs the proxy and keeps its sandbox policies, which survive a restart: they are
+// stored (hashes only, never a secret) under $NEXUS_HOME/mitm.
+type Service struct {
+	cfg ServiceConfig
+	reg *Registry
+	dir string
+}
+
+// NewService prepares the service; Run starts it.
+func NewService(cfg ServiceConfig) *Service {
+	return &Service{cfg: cfg, reg: NewRegistry(), dir: filepath.Join(string(cfg.Home), "mitm")}
+}
+
+// Run listens, loads the stored policies, registers the endpoints and serves until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return err
+	}
+	s.load()
+	pub, err := audit.NewPublisher(s.cfg.Bus, s.cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer pub.Close(context.Background())
+	overrides, err := testknobs.Resolve()
+	if err != nil {
+		return errdefs.Invalid("%v", err)
+	}
+	roots, err := testknobs.ExtraRoots()
+	if err != nil {
+		return errdefs.Invalid("%v", err)
+	}
+	proxy, err := New(Config{
+		CADir: s.cfg.Home.CA(), Sandboxes: s.reg, Resolver: ResolverFunc(s.resolve), Audit: pub, Logger: s.cfg.Log,
+		ExtraRootCAs: roots, ResolverOverrides: overrides,
+	})
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	ln, err := s.listen()
+	if err != nil {
+		return err
+	}
+	addr := ln.Addr().String()
+	go proxy.Serve(ln)
+	info := bus.ServiceInfo{Name: "mitm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "TLS MITM: SNI/Host allowlist and credential swap"}
+	return bus.Serve(ctx, s.cfg.Bus, info, s.cfg.Log, func(svc *bus.Service) error {
+		sub := func(verb string) string { return mitmapi.Subject(s.cfg.Host, verb) }
+		for _, err := range []error{
+			bus.Handle(svc, "register", sub(mitmapi.VerbRegister), func(ctx context.Context, r mitmapi.RegisterRequest) (mitmapi.RegisterResponse, error) {
+				return mitmapi.RegisterResponse{Addr: addr}, s.register(r.Policy)
+			}),
+			bus.Handle(svc, "forget", sub(mitmapi.VerbForget), func(ctx context.Context, r mitmapi.ForgetRequest) (struct{}, error) {
+				s.reg.Forget(r.ID)
+				os.Remove(s.policyPath(r.ID))
+				return struct{}{}, nil
+			}),
+			bus.Handle(svc, "cacert", sub(mitmapi.VerbCACert), func(ctx context.Context, _ struct{}) (mitmapi.CACertResponse, error) {
+				return mitmapi.CACertResponse{PEM: string(proxy.CACertPEM())}, nil
+			}),
+		} {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// listen binds the configured address, or the one used before (so a restarted mitm is found
+// where the netstack expects it), or a free port; and records it.
+func (s *Service) listen() (net.Listener, error) {
+	addrFile := filepath.Join(s.cfg.Home.Run(), mitmapi.AddrFile)
+	addr := s.cfg.Addr
+	if addr == "" {
+		if b, err := os.ReadFile(addrFile); err == nil {
+			addr = strings.TrimSpace(string(b))
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil || addr == "" {
+		if s.cfg.Addr != "" {
+			return nil, errdefs.Unavailable("mitm: cannot listen on %s: %v", s.cfg.Addr, err)
+		}
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, err
+		}
+	}
+	os.MkdirAll(s.cfg.Home.Run(), 0o700)
+	tmp := addrFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(ln.Addr().String()+"\n"), 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, os.Rename(tmp, addrFile)
+}
+
+func (s *Service) policyPath(id string) string { return filepath.Join(s.dir, id+".json") }
+
+func (s *Service) register(p mitmapi.SandboxPolicy) error {
+	if strings.ContainsAny(p.ID, "/\\.") || p.ID == "" {
+		return errdefs.Invalid("mitm: bad sandbox id %q", p.ID)
+	}
+	sb, err := NewSandbox(p, nil)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(p)
+	tmp := s.policyPath(p.ID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, s.policyPath(p.ID)); err != nil {
+		return err
+	}
+	s.reg.Put(sb)
+	return nil
+}
+
+// load restores the policies stored by an earlier run.
+func (s *Service) load() {
+	files, _ := filepath.Glob(filepath.Join(s.dir, "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var p mitmapi.SandboxPolicy
+		if json.Unmarshal(b, &p) != nil {
+			continue
+		}
+		if sb, err := NewSandbox(p, nil); err == nil {
+			s.reg.Put(sb)
+		}
+	}
+}
+
+// resolve asks credbroker for the real value behind a placeholder.
+func (s *Service) resolve(ctx context.Context, sandboxID, host, placeholder string) (string, error) {
+	resp, err := bus.Request[credapi.ResolveResponse](ctx, s.cfg.Bus, credapi.SubjectResolve,
+		credapi.ResolveRequest{SandboxID: sandboxID, Host: host, Placeholder: placeholder})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrRefused) || errors.Is(err, errdefs.ErrNotFound) {
+			return "", err
+		}
+		return "", fmt.Errorf("credbroker: %w", err)
+	}
+	return resp.Value, nil
+}
