@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/pkg/agentproto"
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 	api "github.com/IniZio/nexus/pkg/api/portfwd"
-	"github.com/IniZio/nexus/pkg/agentproto"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/testutil"
 )
@@ -370,7 +370,9 @@ func TestReleaseOnListenerClose(t *testing.T) {
 	st.listeners("sb-rel", "default/rel", keep)
 	testutil.WaitFor(t, 2*time.Second, func() error { return portFree(p) })
 	t.Logf("release latency (listener set → host port free): %s", time.Since(start))
-	waitEvent(t, events, func(e api.ForwardEvent) bool { return e.Port == p && e.State == api.StateReleased && e.Reason == "listener closed" })
+	waitEvent(t, events, func(e api.ForwardEvent) bool {
+		return e.Port == p && e.State == api.StateReleased && e.Reason == "listener closed"
+	})
 	if err := echoOnce(keep, "still"); err != nil {
 		t.Fatalf("other forward of the sandbox: %v", err)
 	}
