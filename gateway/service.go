@@ -251,12 +251,26 @@ func (g *Gateway) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 	if err != nil {
 		return nil, err
 	}
+	// What each host's vmm measures (resident memory); a host that does not answer just
+	// leaves the column empty.
+	vms := map[string]vmmapi.VMInfo{}
+	asked := map[string]bool{}
 	out := []api.SandboxView{}
 	for _, sb := range all {
 		if !r.All && (sb.State == api.StateStopped || sb.State == api.StateFailed) {
 			continue
 		}
-		out = append(out, api.SandboxView{Sandbox: *sb})
+		if !asked[sb.Host] {
+			asked[sb.Host] = true
+			lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if list, err := g.vmm(sb.Host).List(lctx); err == nil {
+				for _, vi := range list {
+					vms[vi.ID] = vi
+				}
+			}
+			cancel()
+		}
+		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes})
 	}
 	return out, nil
 }

@@ -99,18 +99,7 @@ func runExec(ctx context.Context, c *api.Client, req api.ExecRequest, stdin io.R
 			req.Cols, req.Rows = uint16(w), uint16(h)
 		}
 	}
-	req.SID = stream.NewID()
-	sess, err := stream.Client(c.Conn(), req.SID)
-	if err != nil {
-		return 0, err
-	}
-	defer sess.Close()
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = c.Exec(rctx, req)
-	cancel()
-	if err != nil {
-		return 0, err
-	}
+	pipes := api.IO{Stdin: stdin, Stdout: stdout, Stderr: stderr}
 	if req.TTY && isTerm {
 		old, err := term.MakeRaw(int(inFile.Fd()))
 		if err == nil {
@@ -119,53 +108,27 @@ func runExec(ctx context.Context, c *api.Client, req api.ExecRequest, stdin io.R
 		winch := make(chan os.Signal, 1)
 		signal.Notify(winch, syscall.SIGWINCH)
 		defer signal.Stop(winch)
+		resize := make(chan vmmapi.Resize, 1)
+		pipes.Resize = resize
 		go func() {
 			for range winch {
 				if w, h, err := term.GetSize(int(inFile.Fd())); err == nil {
-					sess.Send(stream.KindResize, vmmapi.Resize{Rows: uint16(h), Cols: uint16(w)})
-				}
-			}
-		}()
-	}
-	if req.Stdin {
-		go func() {
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := stdin.Read(buf)
-				if n > 0 {
-					if sess.Write(stream.KindStdin, buf[:n]) != nil {
-						return
+					select {
+					case resize <- vmmapi.Resize{Rows: uint16(h), Cols: uint16(w)}:
+					default:
 					}
 				}
-				if err != nil {
-					sess.Send(stream.KindStdinClose, nil)
-					return
-				}
 			}
 		}()
 	}
-	for {
-		m, err := sess.Recv()
-		if err != nil {
-			if errors.Is(err, stream.ErrPeerGone) {
-				return 0, fmt.Errorf("exec: lost the sandbox's output stream (is the vmm running?)")
-			}
-			return 0, fmt.Errorf("exec: the stream ended before the command exited: %w", err)
-		}
-		switch m.Kind {
-		case stream.KindStdout:
-			stdout.Write(m.Data)
-		case stream.KindStderr:
-			stderr.Write(m.Data)
-		case stream.KindExit:
-			var exit vmmapi.Exit
-			json.Unmarshal(m.Data, &exit)
-			if exit.Error != "" {
-				fmt.Fprintf(stderr, "nexus: %s\n", strings.TrimPrefix(exit.Error, "nexus: "))
-			}
-			return exit.Code, nil
-		}
+	exit, err := c.Run(ctx, req, pipes)
+	if err != nil {
+		return 0, err
 	}
+	if exit.Error != "" {
+		fmt.Fprintf(stderr, "nexus: %s\n", strings.TrimPrefix(exit.Error, "nexus: "))
+	}
+	return exit.Code, nil
 }
 
 func cpCommand() *cobra.Command {

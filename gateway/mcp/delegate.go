@@ -45,6 +45,7 @@ const (
 	briefPath = "/run/nexus/brief.md"
 	agentLog  = "/run/nexus/agent.log"
 	agentPID  = "/run/nexus/agent.pid"
+	workspace = "/workspace"
 	// MaxBrief bounds a brief.
 	MaxBrief = 1 << 20
 )
@@ -53,16 +54,18 @@ var delegNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 // delegation is the host's record of one delegation, in $NEXUS_HOME/delegations/<name>/state.json.
 type delegation struct {
-	Name      string    `json:"name"`
-	Sandbox   string    `json:"sandbox"`
-	Repo      string    `json:"repo"`
-	CommonDir string    `json:"common_dir"`
-	GitDir    string    `json:"git_dir"` // the worktree's own git dir, under CommonDir/worktrees
-	Worktree  string    `json:"worktree"`
-	Branch    string    `json:"branch"`
-	Base      string    `json:"base"` // the commit the branch started at
-	Created   time.Time `json:"created"`
-	dir       string
+	Name      string `json:"name"`
+	Sandbox   string `json:"sandbox"`
+	Repo      string `json:"repo"`
+	CommonDir string `json:"common_dir"`
+	GitDir    string `json:"git_dir"` // the worktree's own git dir, under CommonDir/worktrees
+	Worktree  string `json:"worktree"`
+	Branch    string `json:"branch"`
+	Base      string `json:"base"` // the commit the branch started at
+	// Synced is the guest's branch ref as last copied into the repository.
+	Synced  string    `json:"synced"`
+	Created time.Time `json:"created"`
+	dir     string
 }
 
 func (s *Server) delegationsDir() string { return filepath.Join(string(s.cfg.Home), "delegations") }
@@ -226,6 +229,7 @@ func (s *Server) delegateWorktreeCreate(ctx context.Context, req mcpgo.CallToolR
 		return nil, errdefs.Invalid("base %q is not a commit of %s", a.Base, repo.Top)
 	}
 	d.Base = strings.TrimSpace(base)
+	d.Synced = d.Base
 	if _, err := runGit(ctx, nil, "-C", repo.Top, "rev-parse", "--verify", "--quiet", d.ref()); err == nil {
 		return nil, errdefs.Conflict("branch %s already exists in %s", d.Branch, repo.Top)
 	}
@@ -263,7 +267,7 @@ func (s *Server) delegateWorktreeCreate(ctx context.Context, req mcpgo.CallToolR
 // mounts lists the sandbox's mounts, outermost first (the vmm mounts them in order).
 func (d *delegation) mounts() []string {
 	return []string{
-		d.Worktree + ":/workspace",
+		d.Worktree + ":" + workspace,
 		d.guestView() + ":" + d.CommonDir + ":ro",
 		filepath.Join(d.CommonDir, "objects") + ":" + filepath.Join(d.CommonDir, "objects"),
 		d.refsDir() + ":" + filepath.Join(d.CommonDir, "refs", "heads", "nexus"),
@@ -331,8 +335,9 @@ func (s *Server) rollback(d *delegation) {
 	os.RemoveAll(d.dir)
 }
 
-// syncBranch copies the guest's branch ref into the repository when it names a commit the
-// repository has; the branch never moves to anything else.
+// syncBranch copies the guest's branch ref into the repository when the guest moved it and it
+// names a commit the repository has; the branch never moves to anything else, and commits made
+// on the host are kept until the guest moves its branch again.
 func (d *delegation) syncBranch(ctx context.Context) error {
 	sha, err := readSmall(filepath.Join(d.refsDir(), d.short()), 128)
 	if err != nil {
@@ -341,14 +346,20 @@ func (d *delegation) syncBranch(ctx context.Context) error {
 		}
 		return err
 	}
+	if sha == d.Synced {
+		return nil
+	}
 	if !hexRE.MatchString(sha) {
 		return errNoCommit
 	}
 	if _, err := runGit(ctx, nil, "--git-dir="+d.CommonDir, "cat-file", "-e", sha+"^{commit}"); err != nil {
 		return errNoCommit
 	}
-	_, err = runGit(ctx, nil, "--git-dir="+d.CommonDir, "update-ref", "-m", "nexus: delegation "+d.Name, d.ref(), sha)
-	return err
+	if _, err = runGit(ctx, nil, "--git-dir="+d.CommonDir, "update-ref", "-m", "nexus: delegation "+d.Name, d.ref(), sha); err != nil {
+		return err
+	}
+	d.Synced = sha
+	return d.save()
 }
 
 // status is git status --porcelain of the worktree against the branch, read with the host's
@@ -427,9 +438,9 @@ type DispatchResult struct {
 // launchScript starts the agent detached (own session, so it outlives this exec) in the
 // worktree, fed the brief on stdin, and prints its pid.
 const launchScript = `set -e
-mkdir -p /run/nexus
+mkdir -p "$(dirname "$BRIEF")"
 cat > "$BRIEF"
-cd /workspace
+cd "$WORKSPACE"
 setsid "$@" < "$BRIEF" > "$LOG" 2>&1 &
 echo $! > "$PIDFILE"
 echo $!
@@ -468,7 +479,7 @@ func (s *Server) delegateAgentDispatch(ctx context.Context, req mcpgo.CallToolRe
 	if len(argv) == 0 || !strings.HasPrefix(argv[0], "/") {
 		return nil, errdefs.Invalid("the agent command must start with an absolute path, got %q", strings.Join(argv, " "))
 	}
-	env := []string{"BRIEF=" + briefPath, "LOG=" + agentLog, "PIDFILE=" + agentPID,
+	env := []string{"BRIEF=" + briefPath, "LOG=" + agentLog, "PIDFILE=" + agentPID, "WORKSPACE=" + workspace,
 		// The worktree is owned by the host user: let git in the guest use it.
 		"GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=safe.directory", "GIT_CONFIG_VALUE_0=*"}
 	cmd := append([]string{"/bin/sh", "-c", launchScript, "nexus-dispatch"}, argv...)

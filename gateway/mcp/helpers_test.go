@@ -1,0 +1,314 @@
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/IniZio/nexus/gateway"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/stream"
+	"github.com/IniZio/nexus/pkg/testutil"
+)
+
+// stack is a bus, the real gateway and (optionally) a fake vmm, with an MCP client driving an
+// in-process MCP server.
+type stack struct {
+	bus    *testutil.Bus
+	srv    *Server
+	client *client.Client
+	gw     *api.Client
+	vmm    *fakeVMM
+}
+
+func newStack(t *testing.T, withVMM bool) *stack {
+	t.Helper()
+	b := testutil.NewBus(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	gw, err := gateway.New(gateway.Config{Bus: b.Connect(t, bus.UserGateway), Home: b.Home, Host: bus.LocalHost, Log: zerolog.Nop(), Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); gw.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	st := &stack{bus: b, gw: api.NewClient(b.Connect(t, bus.UserCLI))}
+	if withVMM {
+		st.vmm = startFakeVMM(t, ctx, b.Connect(t, bus.UserVMM))
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		_, err := st.gw.List(ctx, api.ListRequest{})
+		return err
+	})
+	st.srv, err = New(Config{Home: b.Home, Log: zerolog.Nop(), Version: "test", Dial: func(ctx context.Context) (*nats.Conn, error) {
+		return bus.Connect(ctx, bus.ConnectConfig{Home: b.Home, User: bus.UserCLI, URL: b.URL})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.srv.Close)
+	st.client, err = client.NewInProcessClient(st.srv.MCPServer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.client.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	init := mcpgo.InitializeRequest{}
+	init.Params.ProtocolVersion = mcpgo.LATEST_PROTOCOL_VERSION
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "nexus-test", Version: "1"}
+	if _, err := st.client.Initialize(ctx, init); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.client.Close() })
+	return st
+}
+
+// call invokes a tool and returns its result; a transport failure fails the test.
+func (st *stack) call(t *testing.T, tool string, args map[string]any) *mcpgo.CallToolResult {
+	t.Helper()
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name = tool
+	req.Params.Arguments = args
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := st.client.CallTool(ctx, req)
+	if err != nil {
+		t.Fatalf("%s: transport error: %v", tool, err)
+	}
+	return res
+}
+
+// ok calls a tool that must succeed and decodes its structured content into out.
+func (st *stack) ok(t *testing.T, tool string, args map[string]any, out any) {
+	t.Helper()
+	res := st.call(t, tool, args)
+	if res.IsError {
+		t.Fatalf("%s: tool error: %s", tool, text(res))
+	}
+	if out != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s: decode %s: %v", tool, b, err)
+		}
+	}
+}
+
+// fails calls a tool that must fail and returns its message.
+func (st *stack) fails(t *testing.T, tool string, args map[string]any) (string, *mcpgo.CallToolResult) {
+	t.Helper()
+	res := st.call(t, tool, args)
+	if !res.IsError {
+		b, _ := json.Marshal(res.StructuredContent)
+		t.Fatalf("%s: want a tool error, got %s", tool, b)
+	}
+	msg := text(res)
+	if strings.Contains(msg, "\n") {
+		t.Errorf("%s: error message is not one line: %q", tool, msg)
+	}
+	return msg, res
+}
+
+func text(res *mcpgo.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := mcpgo.AsTextContent(c); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// fakeVMM answers the vmm's bus API without VMs: start/stop/pause/resume/remove only record
+// state, and exec runs the command on the host with sh, so that exec plumbing, output limits
+// and cleanup can be tested fast. It is a test double, never wired into nexus.
+type fakeVMM struct {
+	mu      sync.Mutex
+	vms     map[string]*vmmapi.VMInfo
+	removed []string
+	// execHook, when set, can refuse an exec.
+	execHook func(r vmmapi.ExecRequest) error
+	// paths maps guest paths to host directories in argv and env (the "guest" filesystem).
+	paths map[string]string
+}
+
+func (f *fakeVMM) mapPaths(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		for g, h := range f.paths {
+			s = strings.ReplaceAll(s, g, h)
+		}
+		out[i] = s
+	}
+	return out
+}
+
+func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
+	f := &fakeVMM{vms: map[string]*vmmapi.VMInfo{}}
+	subj := func(verb string) string { return bus.HostSubject(bus.VMMPrefix, bus.LocalHost, verb) }
+	ready := make(chan error, 1)
+	go bus.Serve(ctx, nc, bus.ServiceInfo{Name: "vmm", Host: bus.LocalHost, Version: "fake"}, zerolog.Nop(), func(s *bus.Service) error {
+		err := errors.Join(
+			bus.Handle(s, "start", subj(vmmapi.VerbStart), func(_ context.Context, r vmmapi.StartRequest) (vmmapi.StartResponse, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				f.vms[r.ID] = &vmmapi.VMInfo{ID: r.ID, Running: true, PID: 1, Started: time.Now()}
+				return vmmapi.StartResponse{PID: 1, Accel: "fake"}, nil
+			}),
+			bus.Handle(s, "stop", subj(vmmapi.VerbStop), f.set(func(vi *vmmapi.VMInfo) { vi.Running = false })),
+			bus.Handle(s, "pause", subj(vmmapi.VerbPause), f.set(func(vi *vmmapi.VMInfo) { vi.Paused = true })),
+			bus.Handle(s, "resume", subj(vmmapi.VerbResume), f.set(func(vi *vmmapi.VMInfo) { vi.Paused = false })),
+			bus.Handle(s, "remove", subj(vmmapi.VerbRemove), func(_ context.Context, r vmmapi.IDRequest) (vmmapi.Empty, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				delete(f.vms, r.ID)
+				f.removed = append(f.removed, r.ID)
+				return vmmapi.Empty{}, nil
+			}),
+			bus.Handle(s, "inspect", subj(vmmapi.VerbInspect), func(_ context.Context, r vmmapi.IDRequest) (vmmapi.VMInfo, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				if vi, ok := f.vms[r.ID]; ok {
+					return *vi, nil
+				}
+				return vmmapi.VMInfo{ID: r.ID}, nil
+			}),
+			bus.Handle(s, "list", subj(vmmapi.VerbList), func(_ context.Context, _ vmmapi.Empty) ([]vmmapi.VMInfo, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				out := []vmmapi.VMInfo{}
+				for _, vi := range f.vms {
+					out = append(out, *vi)
+				}
+				return out, nil
+			}),
+			bus.Handle(s, "logs", subj(vmmapi.VerbLogs), func(_ context.Context, r vmmapi.LogsRequest) (vmmapi.LogsResponse, error) {
+				log := []byte("boot: ok\nagent: ready \xe2\x9c\x93\n") // ends with a 3-byte rune
+				off := min(r.Offset, int64(len(log)))
+				end := min(off+int64(r.Max), int64(len(log)))
+				return vmmapi.LogsResponse{Data: log[off:end], NextOffset: end}, nil
+			}),
+			bus.Handle(s, "exec", subj(vmmapi.VerbExec), f.exec(nc)),
+		)
+		ready <- err
+		return err
+	})
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fakeVMM) set(fn func(*vmmapi.VMInfo)) func(context.Context, vmmapi.IDRequest) (vmmapi.Empty, error) {
+	return func(_ context.Context, r vmmapi.IDRequest) (vmmapi.Empty, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		vi, ok := f.vms[r.ID]
+		if !ok {
+			return vmmapi.Empty{}, errdefs.NotFound("no VM %s", r.ID)
+		}
+		fn(vi)
+		return vmmapi.Empty{}, nil
+	}
+}
+
+func (f *fakeVMM) running() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.vms)
+}
+
+func (f *fakeVMM) exec(nc *nats.Conn) func(context.Context, vmmapi.ExecRequest) (vmmapi.Empty, error) {
+	return func(_ context.Context, r vmmapi.ExecRequest) (vmmapi.Empty, error) {
+		if f.execHook != nil {
+			if err := f.execHook(r); err != nil {
+				return vmmapi.Empty{}, err
+			}
+		}
+		sess, err := stream.Server(nc, r.SID)
+		if err != nil {
+			return vmmapi.Empty{}, err
+		}
+		argv := f.mapPaths(r.Argv)
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, f.mapPaths(r.Env)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		stderr, _ := cmd.StderrPipe()
+		if err := cmd.Start(); err != nil {
+			sess.Close()
+			return vmmapi.Empty{}, errdefs.Invalid("exec: %v", err)
+		}
+		go func() {
+			defer sess.Close()
+			var wg sync.WaitGroup
+			pump := func(kind string, rd io.Reader) {
+				defer wg.Done()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := rd.Read(buf)
+					if n > 0 {
+						sess.Write(kind, bytes.Clone(buf[:n]))
+					}
+					if err != nil {
+						return
+					}
+				}
+			}
+			wg.Add(2)
+			go pump(stream.KindStdout, stdout)
+			go pump(stream.KindStderr, stderr)
+			go func() {
+				for {
+					m, err := sess.Recv()
+					if err != nil {
+						syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+						return
+					}
+					switch m.Kind {
+					case stream.KindStdin:
+						stdin.Write(m.Data)
+					case stream.KindStdinClose:
+						stdin.Close()
+					}
+				}
+			}()
+			var timedOut atomic.Bool
+			if d, err := time.ParseDuration(r.Timeout); err == nil && d > 0 {
+				t := time.AfterFunc(d, func() { timedOut.Store(true); syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+				defer t.Stop()
+			}
+			wg.Wait()
+			err := cmd.Wait()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			}
+			if timedOut.Load() {
+				code = 124
+			}
+			sess.Send(stream.KindExit, vmmapi.Exit{Code: code})
+		}()
+		return vmmapi.Empty{}, nil
+	}
+}
