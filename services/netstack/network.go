@@ -32,6 +32,9 @@ import (
 
 const nicID = 1
 
+// timeWait is the TIME_WAIT duration of the gateway stack (see buildStack).
+const timeWait = 500 * time.Millisecond
+
 // maxPendingSYN bounds connection attempts being judged or dialled at once per sandbox; beyond it
 // SYNs are dropped (the guest retransmits).
 const maxPendingSYN = 256
@@ -63,7 +66,7 @@ type network struct {
 	dhcp   *dhcp.Server
 
 	connMu   sync.Mutex
-	guest    net.Conn              // QEMU's current connection
+	guest    net.Conn               // QEMU's current connection
 	active   map[io.Closer]struct{} // proxied connections, closed on remove
 	closed   bool
 	closeErr error
@@ -137,6 +140,12 @@ func (n *network) buildStack(guestMAC string) error {
 	st.SetRouteTable([]tcpip.Route{{Destination: subnet, NIC: nicID}})
 	sack := tcpip.TCPSACKEnabled(true)
 	st.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	// Gateway-side endpoints that close first sit in TIME_WAIT, and gvisor drops a new SYN for a
+	// TIME_WAIT 4-tuple unless a listener owns the port (the forwarder is not one): a guest that
+	// reuses the source port would hang until TIME_WAIT ends. The virtual link neither reorders
+	// nor delays, so a short TIME_WAIT is safe.
+	tw := tcpip.TCPTimeWaitTimeoutOption(timeWait)
+	st.SetTransportProtocolOption(tcp.ProtocolNumber, &tw)
 
 	tcpFwd := tcp.NewForwarder(st, 0, maxPendingSYN, n.handleTCP)
 	st.SetTransportProtocolHandler(tcp.ProtocolNumber, tcpFwd.HandlePacket)

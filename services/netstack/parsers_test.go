@@ -80,7 +80,7 @@ func TestParseClientHello(t *testing.T) {
 		[]byte("GET / HTTP/1.1\r\n"),
 		{22, 3, 1, 0, 0},
 		{22, 3, 1, 0xff, 0xff},
-		{22, 3, 1, 0, 4, 2, 0, 0, 0},         // server_hello
+		{22, 3, 1, 0, 4, 2, 0, 0, 0},          // server_hello
 		{22, 3, 1, 0, 4, 1, 0xff, 0xff, 0xff}, // huge
 	} {
 		if n, err := parseClientHello(bad); err == nil || errors.Is(err, errNeedMore) {

@@ -12,7 +12,9 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -53,6 +55,7 @@ type Guest struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+	port   atomic.Uint32
 }
 
 // IPv6Addr is the guest's IPv6 address, used only to test that IPv6 leaves nothing.
@@ -197,10 +200,38 @@ func fullAddr(ap netip.AddrPort) (tcpip.FullAddress, tcpip.NetworkProtocolNumber
 	return tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom16(ap.Addr().As16()), Port: ap.Port()}, ipv6.ProtocolNumber
 }
 
-// DialTCP opens a TCP connection from the guest.
+// DialTCP opens a TCP connection from the guest. Source ports are taken in sequence, as Linux
+// does, rather than at random as gvisor does: random reuse of a port whose previous connection
+// the far side still holds in TIME_WAIT stalls the dial (gvisor drops such a SYN when no
+// listener owns the port), which is not what a real guest sees.
 func (g *Guest) DialTCP(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
 	fa, proto := fullAddr(dst)
-	return gonet.DialContextTCP(ctx, g.stack, fa, proto)
+	local := tcpip.FullAddress{NIC: nicID}
+	if dst.Addr().Is4() {
+		local.Addr = tcpip.AddrFrom4(g.opts.IP.As4())
+	} else {
+		local.Addr = tcpip.AddrFrom16(IPv6Addr.As16())
+	}
+	var err error
+	for range 64 {
+		local.Port = g.nextPort()
+		var c *gonet.TCPConn
+		c, err = gonet.DialTCPWithBind(ctx, g.stack, local, fa, proto)
+		if err == nil {
+			return c, nil
+		}
+		if !strings.Contains(err.Error(), "port is in use") {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+const firstPort, lastPort = 32768, 60999
+
+func (g *Guest) nextPort() uint16 {
+	n := g.port.Add(1)
+	return uint16(firstPort + (n-1)%(lastPort-firstPort+1))
 }
 
 // DialUDP opens a connected UDP socket from the guest.
