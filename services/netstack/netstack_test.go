@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/miekg/dns"
 	"github.com/rs/zerolog"
 
@@ -636,5 +637,37 @@ func TestGuestReconnectAndRemove(t *testing.T) {
 	}
 	if _, err := e.svc.Show(sandboxID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("show after remove: %v", err)
+	}
+}
+
+func TestDHCP(t *testing.T) {
+	e := newEnv(t, curated(t))
+	c, err := e.guest.DialUDPFrom(68, netip.MustParseAddrPort("192.168.127.1:67"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mac, _ := net.ParseMAC("52:54:00:12:34:56")
+	disc, err := dhcpv4.NewDiscovery(mac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(disc.ToBytes()); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1500)
+	k, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("no dhcp offer: %v", err)
+	}
+	offer, err := dhcpv4.FromBytes(buf[:k])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if offer.MessageType() != dhcpv4.MessageTypeOffer || !offer.YourIPAddr.Equal(net.ParseIP("192.168.127.2")) ||
+		len(offer.Router()) != 1 || !offer.Router()[0].Equal(net.ParseIP("192.168.127.1")) ||
+		len(offer.DNS()) != 1 || !offer.DNS()[0].Equal(net.ParseIP("192.168.127.1")) {
+		t.Fatalf("offer: %s", offer.Summary())
 	}
 }

@@ -134,7 +134,9 @@ func (s *Service) Close() {
 	s.nets = map[string]*network{}
 	s.mu.Unlock()
 	for _, n := range nets {
-		n.close()
+		if n != nil { // nil: still being created; CreateNetwork closes it
+			n.close()
+		}
 	}
 }
 
@@ -179,6 +181,11 @@ func (s *Service) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 		delete(s.nets, spec.SandboxID)
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("create network %s: %w", spec.SandboxID, err)
+	}
+	if s.closed {
+		s.mu.Unlock()
+		n.close()
+		return Info{}, errdefs.Unavailable("netstack is shutting down")
 	}
 	s.nets[spec.SandboxID] = n
 	s.mu.Unlock()

@@ -240,6 +240,13 @@ func (g *Guest) DialUDP(dst netip.AddrPort) (net.Conn, error) {
 	return gonet.DialUDP(g.stack, nil, &fa, proto)
 }
 
+// DialUDPFrom opens a connected UDP socket from a fixed guest port (68 for a DHCP client).
+func (g *Guest) DialUDPFrom(localPort uint16, dst netip.AddrPort) (net.Conn, error) {
+	fa, proto := fullAddr(dst)
+	local := tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(g.opts.IP.As4()), Port: localPort}
+	return gonet.DialUDP(g.stack, &local, &fa, proto)
+}
+
 // Exchange sends one DNS query to server over "udp" or "tcp" from the guest.
 func (g *Guest) Exchange(ctx context.Context, network string, server netip.AddrPort, name string, qtype uint16) (*dns.Msg, error) {
 	var c net.Conn
