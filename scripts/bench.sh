@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# make bench: run every benchmark once in this run (ours and the baselines side by side) and
+# write the results as a table to BENCH.md. Figures are from this machine, today; compare the
+# ratios, not the absolute numbers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(mktemp)
+pkgs=(./e2e/bench ./services/mitm ./services/netstack ./services/vmm/guest ./services/portfwd)
+for p in "${pkgs[@]}"; do
+	[ -d "$p" ] || continue
+	echo "== $p" >&2
+	go test -run '^$' -bench . -benchtime "${BENCHTIME:-3x}" "$p" 2>&1 | tee -a "$out" >&2 || true
+done
+{
+	echo "# nexus benchmarks"
+	echo
+	echo "Run: $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(uname -r), QEMU $(qemu-system-x86_64 --version | head -1 | awk '{print $4}'); accelerator: ${NEXUS_ACCEL:-auto}."
+	echo
+	echo "| benchmark | iterations | metrics |"
+	echo "| --- | --- | --- |"
+	grep -E '^Benchmark' "$out" | while read -r name iters rest; do
+		metrics=$(echo "$rest" | sed -E 's/([0-9.]+) ([^ ]+)/\1 \2;/g; s/;[[:space:]]*$//; s/;[[:space:]]+/; /g')
+		echo "| ${name%-*} | $iters | $metrics |"
+	done
+} > BENCH.md
+rm -f "$out"
+cat BENCH.md
