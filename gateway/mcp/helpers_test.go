@@ -43,18 +43,27 @@ func newStack(t *testing.T, withVMM bool) *stack {
 	b := testutil.NewBus(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	gw, err := gateway.New(gateway.Config{Bus: b.Connect(t, bus.UserGateway), Home: b.Home, Host: bus.LocalHost, Log: zerolog.Nop(), Version: "test"})
+	gw, err := gateway.New(gateway.Config{Bus: b.Connect(t, bus.UserGateway), Home: b.Home, Host: bus.LocalHost, Log: zerolog.Nop(), Version: "0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); gw.Run(ctx) }()
+	var runErr atomic.Value
+	go func() {
+		defer close(done)
+		if err := gw.Run(ctx); err != nil {
+			runErr.Store(err.Error())
+		}
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	st := &stack{bus: b, gw: api.NewClient(b.Connect(t, bus.UserCLI))}
 	if withVMM {
 		st.vmm = startFakeVMM(t, ctx, b.Connect(t, bus.UserVMM))
 	}
 	testutil.WaitFor(t, 10*time.Second, func() error {
+		if e := runErr.Load(); e != nil {
+			t.Fatalf("gateway: %s", e)
+		}
 		_, err := st.gw.List(ctx, api.ListRequest{})
 		return err
 	})
@@ -165,7 +174,14 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 	f := &fakeVMM{vms: map[string]*vmmapi.VMInfo{}}
 	subj := func(verb string) string { return bus.HostSubject(bus.VMMPrefix, bus.LocalHost, verb) }
 	ready := make(chan error, 1)
-	go bus.Serve(ctx, nc, bus.ServiceInfo{Name: "vmm", Host: bus.LocalHost, Version: "fake"}, zerolog.Nop(), func(s *bus.Service) error {
+	serve := func(register func(s *bus.Service) error) {
+		err := bus.Serve(ctx, nc, bus.ServiceInfo{Name: "vmm", Host: bus.LocalHost, Version: "0.0.1"}, zerolog.Nop(), register)
+		select {
+		case ready <- err: // it failed before registering
+		default:
+		}
+	}
+	go serve(func(s *bus.Service) error {
 		err := errors.Join(
 			bus.Handle(s, "start", subj(vmmapi.VerbStart), func(_ context.Context, r vmmapi.StartRequest) (vmmapi.StartResponse, error) {
 				f.mu.Lock()
