@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/sirupsen/logrus"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -24,6 +26,7 @@ import (
 	"github.com/IniZio/nexus/services/credbroker"
 	"github.com/IniZio/nexus/services/gitrelay"
 	"github.com/IniZio/nexus/services/mitm"
+	"github.com/IniZio/nexus/services/netstack"
 	"github.com/IniZio/nexus/services/portfwd"
 	"github.com/IniZio/nexus/services/vmm"
 	"github.com/IniZio/nexus/services/vmm/qemu"
@@ -46,16 +49,6 @@ type component struct {
 
 // components lists the services in start order (the bus is started before any of them).
 func components() []component {
-	info := func(name, about string) bus.ServiceInfo {
-		return bus.ServiceInfo{Name: name, Version: version.Version, Description: about}
-	}
-	idle := func(name, about string) func(ctx context.Context, env runEnv) error {
-		return func(ctx context.Context, env runEnv) error {
-			i := info(name, about)
-			i.Host = env.host
-			return bus.Serve(ctx, env.nc, i, env.log, nil)
-		}
-	}
 	return []component{
 		{name: "gateway", about: "sandbox registry and orchestration", run: func(ctx context.Context, env runEnv) error {
 			g, err := gateway.New(gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
@@ -72,7 +65,10 @@ func components() []component {
 			}
 			return v.Run(ctx)
 		}},
-		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: idle("netstack", "per-sandbox userspace network and L4 allowlist")},
+		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: func(ctx context.Context, env runEnv) error {
+			logrus.SetOutput(io.Discard) // gvisor-tap-vsock's switch logs through logrus's global logger
+			return netstack.Serve(ctx, netstack.BusConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
+		}},
 		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: func(ctx context.Context, env runEnv) error {
 			return mitm.NewService(mitm.ServiceConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				Addr: os.Getenv("NEXUS_MITM_ADDR")}).Run(ctx)

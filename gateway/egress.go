@@ -27,11 +27,35 @@ var repoRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$`)
 
 // egressPlan is the perimeter a create asks for, validated.
 type egressPlan struct {
-	egress   api.Egress
-	rules    []policy.Rule
-	hosts    []string // hostnames the mitm allows
-	bindings []credapi.Binding
-	secrets  []api.SecretBinding
+	egress  api.Egress
+	rules   []policy.Rule
+	hosts   []string // hostnames the mitm allows
+	secrets []api.SecretBinding
+}
+
+// bindings are the credbroker bindings of the plan's secrets.
+func (p *egressPlan) bindings() []credapi.Binding {
+	var out []credapi.Binding
+	for _, s := range p.secrets {
+		out = append(out, credapi.Binding{Secret: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env})
+	}
+	return out
+}
+
+// planFromRecord rebuilds the plan of a recorded sandbox, for every boot after the first:
+// the same allowlist, the same allow-all expiry, the same secrets (minted afresh).
+func planFromRecord(sb *api.Sandbox) (*egressPlan, error) {
+	rules, err := policy.ParseRules(sb.Egress.Allow)
+	if err != nil {
+		return nil, errdefs.Invalid("sandbox %s: recorded allowlist: %v", sb.Name, err)
+	}
+	p := &egressPlan{egress: sb.Egress, rules: rules, secrets: sb.Secrets}
+	for _, r := range rules {
+		if !slices.Contains(p.hosts, r.Host) {
+			p.hosts = append(p.hosts, r.Host)
+		}
+	}
+	return p, nil
 }
 
 // planEgress turns the create flags and the agent profile into an egress plan.
@@ -55,8 +79,7 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 	if len(r.Repos) > 0 {
 		allow = append(allow, GitHubHosts...)
 		if secretExists(GitHubSecret) {
-			p.bindings = append(p.bindings, credapi.Binding{Secret: GitHubSecret, Hosts: []string{"api.github.com", "uploads.github.com", "github.com"}, Kind: credapi.KindGitHub})
-			p.secrets = append(p.secrets, api.SecretBinding{Name: GitHubSecret, Hosts: []string{"api.github.com", "uploads.github.com", "github.com"}})
+			p.secrets = append(p.secrets, api.SecretBinding{Name: GitHubSecret, Hosts: []string{"api.github.com", "uploads.github.com", "github.com"}, Kind: credapi.KindGitHub})
 		}
 	}
 	for _, s := range r.Secrets {
@@ -76,14 +99,12 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 			return nil, errdefs.Invalid("--secret %s: no secret named %s: set it first with `nexus secret set %s`", s, name, name)
 		}
 		allow = append(allow, hosts...)
-		p.bindings = append(p.bindings, credapi.Binding{Secret: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name)})
-		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts})
+		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name)})
 	}
 	for _, s := range prof.Secrets {
 		if secretExists(s.Name) {
 			allow = append(allow, s.Hosts...)
-			p.bindings = append(p.bindings, credapi.Binding{Secret: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env})
-			p.secrets = append(p.secrets, api.SecretBinding{Name: s.Name, Hosts: s.Hosts})
+			p.secrets = append(p.secrets, api.SecretBinding{Name: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env})
 		}
 	}
 	rules, err := policy.ParseRules(dedupe(allow))
@@ -111,7 +132,7 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 			return nil, errdefs.Invalid("invalid --egress %q: none takes no duration", r.EgressMode)
 		}
 		p.egress.Mode = api.EgressNone
-		p.bindings, p.secrets = nil, nil
+		p.secrets = nil
 	case api.EgressAllowAll:
 		d := DefaultAllowAll
 		if arg != "" {
@@ -123,7 +144,7 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 		p.egress.Mode = api.EgressAllowAll
 		p.egress.AllowAllUntil = now.Add(d).UTC()
 		// Allow-all has no MITM and seeds no credentials (the spec's AllowAll mode).
-		p.bindings, p.secrets = nil, nil
+		p.secrets = nil
 	default:
 		return nil, errdefs.Invalid("invalid --egress %q: use curated, allow-all[=DURATION] or none", r.EgressMode)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/profile"
 )
 
 // Limits and defaults of a sandbox.
@@ -119,7 +120,7 @@ func (g *Gateway) vmm(host string) *vmmapi.Client { return vmmapi.NewClient(g.cf
 // create validates the request, records the sandbox and boots it. A failed boot leaves the
 // record in state failed with the reason, and no VM behind it.
 func (g *Gateway) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
-	sb, err := g.validate(r)
+	sb, err := g.validate(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +137,7 @@ func (g *Gateway) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 	return sb, nil
 }
 
-func (g *Gateway) validate(r api.CreateRequest) (*api.Sandbox, error) {
+func (g *Gateway) validate(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
 	name, err := api.ParseName(r.Name)
 	if err != nil {
 		return nil, err
@@ -164,14 +165,22 @@ func (g *Gateway) validate(r api.CreateRequest) (*api.Sandbox, error) {
 		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
 	}
 	if sb.Agent == "" {
-		sb.Agent = "claude-code"
+		sb.Agent = profile.DefaultName
+	}
+	prof, err := profile.Get(sb.Agent)
+	if err != nil {
+		return nil, err
 	}
 	mounts, err := parseMounts(r.Mounts)
 	if err != nil {
 		return nil, err
 	}
 	sb.Mounts = mounts
-	sb.Egress = api.Egress{Mode: api.EgressNone, Allow: r.AllowHosts, Repos: r.Repos}
+	plan, err := planEgress(r, prof, time.Now(), g.secretExists(ctx))
+	if err != nil {
+		return nil, err
+	}
+	sb.Egress, sb.Secrets = plan.egress, plan.secrets
 	return sb, nil
 }
 
@@ -199,13 +208,32 @@ func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) er
 	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
 		return err
 	}
+	prof, err := profile.Get(sb.Agent)
+	if err != nil {
+		g.fail(sb, err)
+		return err
+	}
+	plan, err := planFromRecord(sb)
+	if err != nil {
+		g.fail(sb, err)
+		return err
+	}
+	perim, err := g.setupPerimeter(ctx, sb, prof, plan)
+	if err != nil {
+		err = fmt.Errorf("egress perimeter: %w", err)
+		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
+		g.fail(sb, err)
+		return err
+	}
 	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
-		Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward}
+		Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward,
+		NetSocket: perim.netSocket, Env: perim.env, TrustCA: perim.trustCA}
 	for _, m := range sb.Mounts {
 		req.Mounts = append(req.Mounts, vmmapi.Mount{Host: m.Host, Guest: m.Guest, ReadOnly: m.ReadOnly})
 	}
-	_, err := g.vmm(sb.Host).Start(ctx, req)
-	if err != nil {
+	req.Mounts = append(req.Mounts, perim.mounts...)
+	if _, err := g.vmm(sb.Host).Start(ctx, req); err != nil {
+		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)
 		return err
 	}
@@ -339,6 +367,9 @@ func (g *Gateway) stop(ctx context.Context, sb *api.Sandbox, force bool) error {
 		g.fail(sb, fmt.Errorf("stop: %w", err))
 		return err
 	}
+	if err := g.teardownPerimeter(ctx, sb); err != nil {
+		g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("perimeter teardown incomplete")
+	}
 	return g.reg.Transition(ctx, sb, api.StateStopped, "", nil)
 }
 
@@ -382,6 +413,9 @@ func (g *Gateway) remove(ctx context.Context, sb *api.Sandbox, force bool) error
 		}
 	}
 	if err := g.vmm(sb.Host).Remove(ctx, sb.ID); err != nil {
+		return fmt.Errorf("remove %s: %w", sb.Name, err)
+	}
+	if err := g.teardownPerimeter(ctx, sb); err != nil {
 		return fmt.Errorf("remove %s: %w", sb.Name, err)
 	}
 	return g.reg.Delete(ctx, sb)

@@ -46,6 +46,7 @@ func (r Rule) String() string {
 }
 
 // ParseRule parses the --allow-host form HOST[:PORT]; a bare host means ports 443 and 80.
+// It also reads back what String writes, HOST:PORT,PORT….
 func ParseRule(s string) (Rule, error) {
 	host, portStr := s, ""
 	if i := strings.LastIndexByte(s, ':'); i >= 0 && !strings.Contains(s[:i], ":") {
@@ -58,11 +59,13 @@ func ParseRule(s string) (Rule, error) {
 	}
 	r := Rule{Host: host}
 	if portStr != "" {
-		p, err := strconv.Atoi(portStr)
-		if err != nil || p < 1 || p > 65535 {
-			return Rule{}, errdefs.Invalid("allow-host %q: port must be a number from 1 to 65535", s)
+		for _, ps := range strings.Split(portStr, ",") {
+			p, err := strconv.Atoi(ps)
+			if err != nil || p < 1 || p > 65535 {
+				return Rule{}, errdefs.Invalid("allow-host %q: port must be a number from 1 to 65535", s)
+			}
+			r.Ports = append(r.Ports, p)
 		}
-		r.Ports = []int{p}
 	}
 	return r.Normalize()
 }

@@ -43,6 +43,9 @@ type Config struct {
 	// CONNECT <sni>:<port> there. Empty: after the SNI/Host check the shim dials the resolved IP
 	// itself (only until mitm exists).
 	MITMAddr string
+	// MITMAddrFunc, when set, is asked for the mitm's address on every shimmed connection (the
+	// mitm of the same host publishes it in a file and may move after a restart).
+	MITMAddrFunc func() (string, error)
 	// UpstreamDNS is the resolver (ip:port) allowed names are resolved with; default the first
 	// nameserver of /etc/resolv.conf.
 	UpstreamDNS string

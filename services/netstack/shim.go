@@ -50,7 +50,7 @@ func (n *network) serveShim(r *tcp.ForwarderRequest, v verdict) {
 	v.ev.Reason = fmt.Sprintf("%s %s allowed", nameKind(port), name)
 
 	var up net.Conn
-	if n.svc.cfg.MITMAddr != "" {
+	if n.svc.cfg.MITMAddr != "" || n.svc.cfg.MITMAddrFunc != nil {
 		up, err = n.connectMITM(name, port)
 		v.ev.Reason += "; via mitm"
 	} else {
@@ -123,8 +123,15 @@ func (n *network) peekName(g *guestConn, port int) ([]byte, string, error) {
 func (n *network) connectMITM(name string, port int) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(n.ctx, n.svc.cfg.DialTimeout)
 	defer cancel()
+	addr := n.svc.cfg.MITMAddr
+	if n.svc.cfg.MITMAddrFunc != nil {
+		var err error
+		if addr, err = n.svc.cfg.MITMAddrFunc(); err != nil {
+			return nil, fmt.Errorf("mitm unavailable: %v", err)
+		}
+	}
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", n.svc.cfg.MITMAddr)
+	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("mitm unavailable: %s", dialErrText(err))
 	}

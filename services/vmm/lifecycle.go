@@ -169,6 +169,11 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 			return fail("files", err)
 		}
 	}
+	if len(r.TrustCA) > 0 {
+		if err := trustCA(bctx, agent, r.TrustCA); err != nil {
+			return fail("trust", err)
+		}
+	}
 	p.finish("configure")
 	s.serve(m)
 	return api.StartResponse{PID: vm.Pid, Accel: vm.Accel, Steps: p.done}, nil
@@ -210,6 +215,25 @@ func (s *Service) serve(m *machine) {
 	}()
 	go s.watch(ctx, m)
 	go s.watchListeners(ctx, m)
+}
+
+// trustCA places the MITM CA at CAPath and adds it, once, to the guest's system bundle so
+// curl, git and OpenSSL-based tools trust the perimeter.
+func trustCA(ctx context.Context, agent *guest.Client, pem []byte) error {
+	if err := agent.CopyIn(ctx, agentproto.CopyInRequest{Path: api.CAPath, Mode: 0o644, Size: int64(len(pem)), MkdirAll: true}, bytesReader(pem)); err != nil {
+		return err
+	}
+	const script = `b=/etc/ssl/certs/ca-certificates.crt; mkdir -p /etc/ssl/certs
+grep -q 'nexus perimeter CA' "$b" 2>/dev/null || { printf '\n# nexus perimeter CA\n' >> "$b"; cat "$1" >> "$b"; }`
+	var out strings.Builder
+	st, err := agent.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script, "sh", api.CAPath}}, nil, &out, &out, nil)
+	if err != nil {
+		return err
+	}
+	if st.Code != 0 {
+		return fmt.Errorf("adding the perimeter CA to the trust store: %s", strings.TrimSpace(out.String()))
+	}
+	return nil
 }
 
 func (s *Service) isStopping(m *machine) bool {

@@ -71,6 +71,8 @@ type Egress struct {
 type SecretBinding struct {
 	Name  string   `json:"name"`
 	Hosts []string `json:"hosts"`
+	Kind  string   `json:"kind,omitempty"` // github, anthropic, openai or generic
+	Env   string   `json:"env,omitempty"`  // an extra guest variable carrying the placeholder
 }
 
 // Mount is a host directory shared into the guest.

@@ -47,11 +47,17 @@ type StartRequest struct {
 	NetSocket string            `json:"net_socket,omitempty"` // netstack's unix socket; empty: no NIC at all
 	// NoPortForward keeps guest listeners from being published to the port forwarder.
 	NoPortForward bool `json:"no_port_forward,omitempty"`
-	// Files are written into the guest before it is reported ready (CA certificates etc).
+	// Files are written into the guest before it is reported ready.
 	Files []File `json:"files,omitempty"`
+	// TrustCA is a PEM certificate the guest must trust (the MITM's CA): written to CAPath and
+	// added to the guest's system trust store.
+	TrustCA []byte `json:"trust_ca,omitempty"`
 	// Progress, when set, receives one Step message per boot step as it finishes.
 	Progress string `json:"progress,omitempty"`
 }
+
+// CAPath is where the guest finds the trusted MITM CA.
+const CAPath = "/etc/nexus/ca.pem"
 
 // File is a small file placed in the guest at boot.
 type File struct {

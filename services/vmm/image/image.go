@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -166,6 +167,12 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 			return info, nil
 		}
 	}
+	if !force {
+		if info, err := fromCache(h, name); err == nil {
+			progress("cached", 1)
+			return info, nil
+		}
+	}
 	start := time.Now()
 	work, err := os.MkdirTemp(h.Images(), "."+name+".build-")
 	if err != nil {
@@ -213,6 +220,7 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 	if err := writeAtomic(manifestPath(h, name), b); err != nil {
 		return nil, fmt.Errorf("image build %s: %w", name, err)
 	}
+	toCache(h, name, b)
 	info.Path = imagePath(h, name)
 	progress("done", 1)
 	return &info, nil
@@ -259,4 +267,66 @@ func writeAtomic(path string, data []byte) error {
 		os.Remove(f.Name())
 	}
 	return err
+}
+
+// Recipe names the content of each image; change it when a build step changes so cached
+// copies of the old content are not reused.
+var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-1"}
+
+func cachedPath(h home.Dir, name string) string {
+	return filepath.Join(h.Cache(), "images", Recipe[name]+".ext4")
+}
+
+// toCache keeps a built image in the download cache, where other homes that share the cache
+// (tests, CI, a second installation) find it. Images are never written in place, so a hard
+// link is safe; across file systems it is copied.
+func toCache(h home.Dir, name string, manifest []byte) {
+	dst := cachedPath(h, name)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return
+	}
+	tmp := dst + ".tmp"
+	os.Remove(tmp)
+	if err := linkOrCopy(imagePath(h, name), tmp); err != nil {
+		return
+	}
+	if writeAtomic(strings.TrimSuffix(dst, ".ext4")+".json", manifest) == nil {
+		os.Rename(tmp, dst)
+	}
+}
+
+// fromCache installs a cached image into h.
+func fromCache(h home.Dir, name string) (*Info, error) {
+	src := cachedPath(h, name)
+	b, err := os.ReadFile(strings.TrimSuffix(src, ".ext4") + ".json")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(src); err != nil {
+		return nil, err
+	}
+	tmp := imagePath(h, name) + ".tmp"
+	os.Remove(tmp)
+	if err := linkOrCopy(src, tmp); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, imagePath(h, name)); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(manifestPath(h, name), b); err != nil {
+		return nil, err
+	}
+	return Get(h, name)
+}
+
+func linkOrCopy(src, dst string) error {
+	if os.Link(src, dst) == nil {
+		return nil
+	}
+	out, err := exec.Command("cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput()
+	if err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("cp %s: %v: %s", src, err, out)
+	}
+	return nil
 }

@@ -1,0 +1,124 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/profile"
+)
+
+
+// perimeter is what a booting sandbox needs from the egress services.
+type perimeter struct {
+	netSocket string
+	env       map[string]string
+	trustCA   []byte
+	mounts    []vmmapi.Mount
+}
+
+// setupPerimeter asks credbroker, mitm and netstack for a sandbox's egress: placeholders,
+// the MITM's policy, and the default-deny network. Mode none gets no network device at all.
+func (g *Gateway) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof profile.Profile, plan *egressPlan) (*perimeter, error) {
+	p := &perimeter{env: map[string]string{}}
+	for k, v := range prof.GuestEnv {
+		p.env[k] = v
+	}
+	if prof.CredDirLiveMount {
+		// The profile's credential directory is live-mounted read-write (claude-code: ~/.claude)
+		// when the host has one; the guardian keeps its token fresh.
+		if h, err := os.UserHomeDir(); err == nil {
+			dir := filepath.Join(h, prof.CredDir)
+			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+				p.mounts = append(p.mounts, vmmapi.Mount{Host: dir, Guest: prof.GuestCredPath})
+				bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectGuard, credapi.GuardRequest{SandboxID: sb.ID})
+			}
+		}
+	}
+	if plan.egress.Mode == api.EgressNone {
+		return p, nil
+	}
+	token := randomHex(32)
+	if plan.egress.Mode == api.EgressCurated {
+		var creds []mitmapi.CredentialBinding
+		if b := plan.bindings(); len(b) > 0 {
+			minted, err := bus.Request[credapi.MintResponse](ctx, g.cfg.Bus, credapi.SubjectMint, credapi.MintRequest{SandboxID: sb.ID, Bindings: b})
+			if err != nil {
+				return nil, err
+			}
+			for k, v := range minted.Env {
+				p.env[k] = v
+			}
+			creds = minted.Credentials
+		}
+		pol := mitmapi.SandboxPolicy{ID: sb.ID, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds}
+		if _, err := bus.Request[mitmapi.RegisterResponse](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbRegister), mitmapi.RegisterRequest{Policy: pol}); err != nil {
+			return nil, err
+		}
+		ca, err := bus.Request[mitmapi.CACertResponse](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbCACert), struct{}{})
+		if err != nil {
+			return nil, err
+		}
+		p.trustCA = []byte(ca.PEM)
+		for _, v := range prof.CACertEnvVars {
+			p.env[v] = vmmapi.CAPath
+		}
+	}
+	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
+	spec := netapi.Spec{
+		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token,
+		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos},
+	}
+	if _, err := bus.Request[netapi.Info](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbCreate), spec); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// teardownPerimeter releases what setupPerimeter made; each service is asked even if another
+// fails, and absent state is not an error.
+func (g *Gateway) teardownPerimeter(ctx context.Context, sb *api.Sandbox) error {
+	var errs []error
+	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbRemove), netapi.RemoveRequest{SandboxID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbForget), mitmapi.ForgetRequest{ID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectForget, credapi.ForgetRequest{SandboxID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// secretExists asks credbroker whether a named secret is stored.
+func (g *Gateway) secretExists(ctx context.Context) func(string) bool {
+	list, err := bus.Request[credapi.SecretListResponse](ctx, g.cfg.Bus, credapi.SubjectSecretList, struct{}{})
+	return func(name string) bool {
+		if err != nil {
+			return false
+		}
+		for _, s := range list.Secrets {
+			if s.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+}
