@@ -435,15 +435,22 @@ type DispatchResult struct {
 	Log       string   `json:"log"`
 }
 
-// launchScript starts the agent detached (own session, so it outlives this exec) in the
-// worktree, fed the brief on stdin, and prints its pid.
+// launchScript starts the agent detached in the worktree, fed the brief on stdin, in its own
+// session so that it outlives this exec (whose end kills what is left of its process group).
+// It returns once the agent has written its pid, i.e. once it has left the group.
 const launchScript = `set -e
 mkdir -p "$(dirname "$BRIEF")"
 cat > "$BRIEF"
 cd "$WORKSPACE"
-setsid "$@" < "$BRIEF" > "$LOG" 2>&1 &
-echo $! > "$PIDFILE"
-echo $!
+rm -f "$PIDFILE"
+setsid /bin/sh -c 'echo $$ > "$PIDFILE"; exec "$@"' nexus-agent "$@" < "$BRIEF" > "$LOG" 2>&1 &
+i=0
+while [ ! -s "$PIDFILE" ]; do
+	i=$((i+1))
+	if [ $i -gt 100 ]; then echo "the agent did not start" >&2; exit 1; fi
+	sleep 0.1
+done
+cat "$PIDFILE"
 `
 
 func (s *Server) delegateAgentDispatch(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
