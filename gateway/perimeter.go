@@ -76,7 +76,7 @@ func (g *Gateway) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	}
 	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
 	spec := netapi.Spec{
-		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token,
+		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true,
 		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos},
 	}
 	if _, err := bus.Request[netapi.Info](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbCreate), spec); err != nil {

@@ -103,6 +103,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 			bus.Handle(s, "copy", sub(api.VerbCopy), g.copy),
 			bus.Handle(s, "logs", sub(api.VerbLogs), g.logs),
 			bus.Handle(s, "images", sub(api.VerbImages), g.images),
+			bus.Handle(s, "secret-set", sub(api.VerbSecretSet), g.secretSet),
+			bus.Handle(s, "secret-list", sub(api.VerbSecretList), g.secretList),
+			bus.Handle(s, "secret-rm", sub(api.VerbSecretRemove), g.secretRemove),
+			bus.Handle(s, "egress-show", sub(api.VerbEgressShow), g.egressShow),
 			bus.Handle(s, "image", sub(api.VerbImage), g.image),
 			bus.Handle(s, "ports", sub(verbPorts), g.ports),
 		}

@@ -5,10 +5,13 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -110,4 +113,10 @@ func isCobraUsage(err error) bool {
 	m := err.Error()
 	return strings.HasPrefix(m, "unknown command") || strings.HasPrefix(m, "accepts ") ||
 		strings.HasPrefix(m, "requires at least") || strings.HasPrefix(m, "invalid argument")
+}
+
+// signalCtx ends when the user presses Ctrl-C (for commands that follow a stream).
+func signalCtx(parent context.Context) context.Context {
+	ctx, _ := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	return ctx
 }

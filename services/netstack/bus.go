@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -56,6 +57,8 @@ func Serve(ctx context.Context, cfg BusConfig) error {
 		return err
 	}
 	defer svc.Close()
+	store := specStore(filepath.Join(string(cfg.Home), "netstack"))
+	store.restore(ctx, svc, cfg.Log)
 	info := bus.ServiceInfo{Name: "netstack", Version: cfg.Version, Host: cfg.Host, Description: "per-sandbox userspace network and L4 allowlist"}
 	return bus.Serve(ctx, cfg.Bus, info, cfg.Log, func(s *bus.Service) error {
 		sub := func(verb string) string { return netapi.Subject(cfg.Host, verb) }
@@ -64,16 +67,25 @@ func Serve(ctx context.Context, cfg BusConfig) error {
 				if err := os.MkdirAll(filepath.Dir(r.SocketPath), 0o700); err != nil {
 					return netapi.Info{}, err
 				}
-				return svc.CreateNetwork(ctx, r)
+				info, err := svc.CreateNetwork(ctx, r)
+				if err == nil {
+					err = store.save(r)
+				}
+				return info, err
 			}),
 			bus.Handle(s, "update", sub(netapi.VerbUpdate), func(ctx context.Context, r netapi.UpdateRequest) (netapi.Info, error) {
-				return svc.UpdateNetwork(ctx, r.SandboxID, r.Policy)
+				info, err := svc.UpdateNetwork(ctx, r.SandboxID, r.Policy)
+				if err == nil {
+					err = store.update(r.SandboxID, r.Policy)
+				}
+				return info, err
 			}),
 			bus.Handle(s, "remove", sub(netapi.VerbRemove), func(ctx context.Context, r netapi.RemoveRequest) (struct{}, error) {
 				err := svc.RemoveNetwork(ctx, r.SandboxID)
 				if errors.Is(err, errdefs.ErrNotFound) {
 					err = nil
 				}
+				store.remove(r.SandboxID)
 				return struct{}{}, err
 			}),
 			bus.Handle(s, "show", sub(netapi.VerbShow), func(ctx context.Context, r netapi.ShowRequest) (netapi.Info, error) {
@@ -86,4 +98,60 @@ func Serve(ctx context.Context, cfg BusConfig) error {
 		}
 		return nil
 	})
+}
+
+// specStore keeps each network's spec (0600: it holds the sandbox's proxy token) so that a
+// restarted netstack brings every network back; the guest is attached again as soon as the
+// netstack dials QEMU's socket.
+type specStore string
+
+func (d specStore) path(id string) string { return filepath.Join(string(d), id+".json") }
+
+func (d specStore) save(spec netapi.Spec) error {
+	if err := os.MkdirAll(string(d), 0o700); err != nil {
+		return err
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	tmp := d.path(spec.SandboxID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d.path(spec.SandboxID))
+}
+
+func (d specStore) update(id string, p netapi.Policy) error {
+	b, err := os.ReadFile(d.path(id))
+	if err != nil {
+		return err
+	}
+	var spec netapi.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return err
+	}
+	spec.Policy = p
+	return d.save(spec)
+}
+
+func (d specStore) remove(id string) { os.Remove(d.path(id)) }
+
+func (d specStore) restore(ctx context.Context, svc *Service, log zerolog.Logger) {
+	files, _ := filepath.Glob(filepath.Join(string(d), "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var spec netapi.Spec
+		if json.Unmarshal(b, &spec) != nil {
+			continue
+		}
+		if _, err := svc.CreateNetwork(ctx, spec); err != nil {
+			log.Warn().Err(err).Str("sandbox", spec.SandboxID).Msg("network not restored")
+			continue
+		}
+		log.Info().Str("sandbox", spec.SandboxID).Msg("network restored")
+	}
 }

@@ -97,6 +97,14 @@ func newNetwork(s *Service, spec Spec, pol Policy, allow *policy.Allowlist) (_ *
 	if err := n.buildStack(spec.GuestMAC); err != nil {
 		return nil, err
 	}
+	if spec.Dial {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.dialLoop()
+		}()
+		return n, nil
+	}
 	if err := n.listen(); err != nil {
 		return nil, err
 	}
@@ -106,6 +114,46 @@ func newNetwork(s *Service, spec Spec, pol Policy, allow *policy.Allowlist) (_ *
 		n.acceptLoop()
 	}()
 	return n, nil
+}
+
+// dialLoop connects to the socket QEMU listens on (-netdev stream,server=on) and attaches the
+// guest, again and again: QEMU accepts a new connection after the old one ends, so a restarted
+// netstack, or a guest rebooted by stop/start, is attached again without help.
+func (n *network) dialLoop() {
+	wait := 20 * time.Millisecond
+	for n.ctx.Err() == nil {
+		var d net.Dialer
+		dctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		c, err := d.DialContext(dctx, "unix", n.socketPath)
+		cancel()
+		if err != nil {
+			select {
+			case <-n.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 500*time.Millisecond)
+			continue
+		}
+		wait = 20 * time.Millisecond
+		n.connMu.Lock()
+		if n.closed {
+			n.connMu.Unlock()
+			c.Close()
+			return
+		}
+		n.guest = c
+		n.connMu.Unlock()
+		n.log.Info().Msg("guest attached")
+		err = n.sw.Accept(n.ctx, c, types.QemuProtocol)
+		n.connMu.Lock()
+		if n.guest == c {
+			n.guest = nil
+		}
+		n.connMu.Unlock()
+		c.Close()
+		n.log.Info().AnErr("reason", err).Msg("guest detached")
+	}
 }
 
 func (n *network) buildStack(guestMAC string) error {

@@ -207,7 +207,7 @@ func (m *machine) teardown() {
 	}
 	m.vm.Cleanup()
 	m.vm.Close()
-	for _, p := range []string{"vsock.sock", "agent.sock", "qmp.sock"} {
+	for _, p := range []string{"vsock.sock", "agent.sock", "qmp.sock", "net.sock"} {
 		os.Remove(filepath.Join(m.dir, p))
 	}
 	matches, _ := filepath.Glob(filepath.Join(m.dir, "vsock.sock_*"))

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bus"
 )
 
@@ -164,3 +165,20 @@ const (
 
 // ImageTimeout bounds an image build (a Debian debootstrap is ~40 s on a warm cache).
 const ImageTimeout = 20 * time.Minute
+
+// Secret and egress verbs: the gateway forwards them to credbroker and netstack.
+const (
+	VerbSecretSet    = "secret.set"
+	VerbSecretList   = "secret.list"
+	VerbSecretRemove = "secret.rm"
+	VerbEgressShow   = "egress.show"
+)
+
+// EgressView is what `nexus egress show` prints: the recorded perimeter and the live network
+// (allowlist, mode, expiry, DNS table, counters).
+type EgressView struct {
+	Sandbox string       `json:"sandbox"`
+	Egress  Egress       `json:"egress"`
+	Secrets []string     `json:"secrets,omitempty"`
+	Network *netapi.Info `json:"network,omitempty"`
+}

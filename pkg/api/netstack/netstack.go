@@ -56,6 +56,10 @@ type Spec struct {
 	// ProxyToken identifies the sandbox to mitm (Proxy-Authorization: Basic sandboxID:token).
 	// It is a secret: never logged, never in Info or audit events.
 	ProxyToken string `json:"proxy_token,omitempty"`
+	// Dial makes the netstack connect to SocketPath, where QEMU listens
+	// (-netdev stream,server=on), reconnecting whenever the connection ends; without it the
+	// netstack listens and QEMU connects.
+	Dial bool `json:"dial,omitempty"`
 }
 
 // CreateRequest is the body of VerbCreate.

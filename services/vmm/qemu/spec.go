@@ -55,7 +55,7 @@ type VMSpec struct {
 	VCPUs     int
 
 	Disk       string // root disk: qcow2 overlay over the read-only base image
-	NetSocket  string // unix socket of the user-mode network stack; empty: no NIC at all
+	NetSocket  string // unix socket QEMU listens on for the user-mode network stack; empty: no NIC at all
 	MAC        string // default derived from ID
 	Mounts     []Mount
 	ExtraDisks []Disk
@@ -291,7 +291,7 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 			mac = defaultMAC(s.ID)
 		}
 		a = append(a,
-			"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path="+s.NetSocket,
+			"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path="+s.NetSocket,
 			"-device", "virtio-net-device,netdev=net0,mac="+mac)
 	}
 	for i, m := range s.Mounts {

@@ -1,0 +1,48 @@
+package gateway
+
+import (
+	"context"
+	"regexp"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,63}$`)
+
+func (g *Gateway) secretSet(ctx context.Context, r credapi.SecretSetRequest) (struct{}, error) {
+	if !secretNameRE.MatchString(r.Name) {
+		return struct{}{}, errdefs.Invalid("invalid secret name %q: use letters, digits, '_', '.', '-' (at most 64)", r.Name)
+	}
+	return bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectSecretSet, r)
+}
+
+func (g *Gateway) secretList(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
+	return bus.Request[credapi.SecretListResponse](ctx, g.cfg.Bus, credapi.SubjectSecretList, struct{}{})
+}
+
+func (g *Gateway) secretRemove(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
+	return bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectSecretRemove, r)
+}
+
+func (g *Gateway) egressShow(ctx context.Context, r api.NameRequest) (api.EgressView, error) {
+	name, err := api.ParseName(r.Name)
+	if err != nil {
+		return api.EgressView{}, err
+	}
+	sb, err := g.reg.Get(ctx, name)
+	if err != nil {
+		return api.EgressView{}, err
+	}
+	v := api.EgressView{Sandbox: sb.Name, Egress: sb.Egress}
+	for _, s := range sb.Secrets {
+		v.Secrets = append(v.Secrets, s.Name)
+	}
+	if info, err := bus.Request[netapi.Info](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbShow), netapi.ShowRequest{SandboxID: sb.ID}); err == nil {
+		v.Network = &info
+	}
+	return v, nil
+}

@@ -1,0 +1,81 @@
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// stream is the JetStream stream holding audit events (bus.StreamAudit; repeated here so that
+// pkg/audit does not depend on pkg/bus).
+const stream = "NEXUS_AUDIT"
+
+// TailOptions selects events from the audit stream.
+type TailOptions struct {
+	Sandboxes []string  // sandbox ids; empty: all
+	Since     time.Time // zero: from the start of the stream
+	Denied    bool      // only denials
+	Follow    bool      // keep waiting for new events until ctx ends
+}
+
+// Tail calls fn for every selected event in stream order: what is stored, then, with Follow,
+// what arrives until ctx ends.
+func Tail(ctx context.Context, nc *nats.Conn, o TailOptions, fn func(Event) error) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	for _, id := range o.Sandboxes {
+		cfg.FilterSubjects = append(cfg.FilterSubjects, Subject(id))
+	}
+	if !o.Since.IsZero() {
+		since := o.Since
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return fmt.Errorf("audit: cannot read the %s stream: %w", stream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	pending := info.NumPending
+	if pending == 0 && !o.Follow {
+		return nil
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for seen := uint64(0); o.Follow || seen < pending; {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("audit: %w", err)
+		}
+		seen++
+		var ev Event
+		if json.Unmarshal(m.Data(), &ev) != nil {
+			continue
+		}
+		if o.Denied && ev.Decision != Deny {
+			continue
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
