@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	api "github.com/IniZio/nexus/pkg/api/gateway"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/policy"
 	"github.com/IniZio/nexus/pkg/profile"
@@ -185,4 +185,3 @@ func envOf(name string) string {
 	}
 	return name
 }
-

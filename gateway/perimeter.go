@@ -8,8 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
-	api "github.com/IniZio/nexus/pkg/api/gateway"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
@@ -17,7 +17,6 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/profile"
 )
-
 
 // perimeter is what a booting sandbox needs from the egress services.
 type perimeter struct {

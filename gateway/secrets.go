@@ -4,8 +4,8 @@ import (
 	"context"
 	"regexp"
 
-	api "github.com/IniZio/nexus/pkg/api/gateway"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"

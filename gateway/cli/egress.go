@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	api "github.com/IniZio/nexus/pkg/api/gateway"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/bus"
 )
