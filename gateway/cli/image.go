@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
@@ -33,14 +36,29 @@ func imageCommand() *cobra.Command {
 			req := vmmapi.ImageRequest{Op: "build", Name: args[0], Force: force}
 			var bar *progressbar.ProgressBar
 			if !asJSON {
-				bar = progressbar.NewOptions(1000, progressbar.OptionSetWriter(cmd.ErrOrStderr()), progressbar.OptionSetWidth(30),
-					progressbar.OptionSetDescription("building "+args[0]), progressbar.OptionClearOnFinish(), progressbar.OptionShowElapsedTimeOnFinish())
+				interactive := false
+				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+					interactive = true
+					bar = progressbar.NewOptions(1000, progressbar.OptionSetWriter(f), progressbar.OptionSetWidth(30),
+						progressbar.OptionSetDescription("building "+args[0]), progressbar.OptionClearOnFinish(), progressbar.OptionShowElapsedTimeOnFinish())
+				}
+				lastStage, lastTenth := "", -1
 				subject := bus.StreamPrefix + "." + nuid.Next() + ".out"
 				sub, err := c.Conn().Subscribe(subject, func(m *nats.Msg) {
 					var p vmmapi.ImageProgress
-					if json.Unmarshal(m.Data, &p) == nil {
+					if json.Unmarshal(m.Data, &p) != nil {
+						return
+					}
+					if interactive {
 						bar.Describe(fmt.Sprintf("%-28s", args[0]+": "+p.Step))
 						bar.Set(int(p.Fraction * 1000))
+						return
+					}
+					// Not a terminal (CI, logs): one line per stage and per tenth of the way.
+					stage, _, _ := strings.Cut(p.Step, ":")
+					if tenth := int(p.Fraction * 10); stage != lastStage || tenth != lastTenth {
+						lastStage, lastTenth = stage, tenth
+						fmt.Fprintf(cmd.ErrOrStderr(), "  %3.0f%%  %s\n", p.Fraction*100, p.Step)
 					}
 				})
 				if err == nil {
