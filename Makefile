@@ -9,16 +9,21 @@ export NEXUS_TEST_CACHE ?= $(NEXUS_CACHE)/test
 export NEXUS_BIN_DIR := $(CURDIR)/bin
 # apt packages the stack and its tests need; installed only when missing.
 APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fsprogs tmux \
-	openssh-server openssh-client git curl ca-certificates socat passt mitmproxy
+	openssh-server openssh-client git curl ca-certificates socat
+# Peers that benchmarks compare against.
+BENCH_PKGS := passt mitmproxy iperf3
 # Packages with VMs are tested one at a time; everything else in parallel with -race.
 VM_PKGS := ./services/vmm/... ./e2e/...
 
-.PHONY: all build deps run test test-unit test-vm bench clean
+.PHONY: all build deps apt run test test-unit test-vm bench clean
 
 all: build
 
 deps:
-	@missing=""; for p in $(APT_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory apt PKGS="$(APT_PKGS)"
+
+apt:
+	@missing=""; for p in $(PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		export DEBIAN_FRONTEND=noninteractive; \
@@ -42,6 +47,7 @@ test-vm:
 	$(GO) test -count=1 -p 1 -timeout 40m $(VM_PKGS)
 
 bench: deps build
+	@$(MAKE) --no-print-directory apt PKGS="$(BENCH_PKGS)"
 	./scripts/bench.sh
 
 clean:
