@@ -1,0 +1,99 @@
+package httppolicy
+
+import "testing"
+
+func TestGlob(t *testing.T) {
+	for _, tc := range []struct {
+		pat, name string
+		want      bool
+	}{
+		{"/v1/**", "/v1/a", true},
+		{"/v1/**", "/v1/a/b/c", true},
+		{"/v1/**", "/v1/", true},
+		{"/v1/**", "/v1", false},
+		{"/v1/**", "/v2/a", false},
+		{"/v1/*", "/v1/a", true},
+		{"/v1/*", "/v1/a/b", false},
+		{"/v1/*.json", "/v1/x.json", true},
+		{"/v1/*.json", "/v1/x.jsonx", false},
+		{"/a/**/z", "/a/z", true},
+		{"/a/**/z", "/a/b/c/z", true},
+		{"/a/**/z", "/a/b/c/y", false},
+		{"/", "/", true},
+		{"/", "/x", false},
+		{"/x", "/X", false},
+		{"refs/heads/nexus/**", "refs/heads/nexus/feature", true},
+		{"refs/heads/nexus/**", "refs/heads/nexus", false},
+		{"refs/heads/nexus/**", "refs/heads/nexusx/a", false},
+		{"refs/heads/*", "refs/heads/main", true},
+		{"/a*b*c", "/abxbc", true},
+		{"/a*b*c", "/abxbd", false},
+	} {
+		g, err := ParseGlob(tc.pat)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.pat, err)
+		}
+		if got := g.Match(tc.name); got != tc.want {
+			t.Errorf("%q.Match(%q) = %v, want %v", tc.pat, tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestParseGlobRefuses(t *testing.T) {
+	for _, p := range []string{"", "/a/**b", "/a/***", "/a?", "/[ab]", "/{a,b}", "/a//b", "/a/../b", "/a b", "/a\\b", "/é"} {
+		if _, err := ParseGlob(p); err == nil {
+			t.Errorf("ParseGlob(%q) accepted", p)
+		}
+	}
+}
+
+func TestParsePathRule(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		ok   bool
+		want string
+	}{
+		{"GET /v1/**", true, "GET /v1/**"},
+		{"post  /x", true, "POST /x"},
+		{"* /health", true, "* /health"},
+		{"GET", false, ""},
+		{"GET v1/**", false, ""},
+		{"BREW /pot", false, ""},
+		{"GET /a /b", false, ""},
+		{"GET /a/**x", false, ""},
+	} {
+		r, err := ParsePathRule(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("ParsePathRule(%q) err=%v", tc.in, err)
+			continue
+		}
+		if tc.ok && r.String() != tc.want {
+			t.Errorf("ParsePathRule(%q) = %q", tc.in, r)
+		}
+	}
+}
+
+func FuzzGlobMatch(f *testing.F) {
+	f.Add("/v1/**", "/v1/a/b")
+	f.Add("/a*b*c*d*e", "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+	f.Add("/**/**/**/x", "/a/b/c/d/e/f/g/h/i/j")
+	f.Fuzz(func(t *testing.T, pat, name string) {
+		g, err := ParseGlob(pat)
+		if err != nil {
+			return
+		}
+		g.Match(name)
+		if !g.Match(pat) && !containsWild(pat) {
+			t.Fatalf("literal pattern %q does not match itself", pat)
+		}
+	})
+}
+
+func containsWild(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '*' {
+			return true
+		}
+	}
+	return false
+}
