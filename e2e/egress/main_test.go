@@ -1,0 +1,338 @@
+// Package egress_test proves the egress perimeter end to end on real guests: a whole nexus stack
+// (`nexus up` in a temp home) whose netstack and mitm reach fake upstreams on loopback
+// (NEXUS_RESOLVE) that serve TLS from a test CA the mitm trusts (NEXUS_EXTRA_CA). Guests run
+// curl, nc, nslookup and ping; the upstreams record what reached them.
+package egress_test
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/testutil"
+)
+
+var (
+	stack *testutil.Stack
+	// Fake upstreams by host name.
+	upstreams = map[string]*upstream{}
+	// udpSeen counts datagrams that reached the UDP listener behind example.test.
+	udpSeen *udpSink
+	// secrets collects every real token and placeholder the run handled; TestMain checks that
+	// none of them appears in a log or an audit event.
+	secrets = &secretSet{}
+	// probeBin is the static guest tool of testdata/probe.
+	probeBin string
+)
+
+// Fake hosts: TLS upstreams (the mitm verifies them against the test CA) and one plain HTTP one.
+var (
+	tlsHosts  = []string{"api.github.com", "api.anthropic.com", "evil.example"}
+	plainHost = "example.test"
+)
+
+func TestMain(m *testing.M) {
+	if err := testutil.QEMUAvailable(); err != nil {
+		if os.Getenv("CI") != "" {
+			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "skipping egress tests:", err)
+		os.Exit(0)
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "nexus-egress-ca-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	caPEM, leaf, err := testPKI(append([]string{plainHost}, tlsHosts...))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "test pki:", err)
+		return 1
+	}
+	probeBin = filepath.Join(dir, "probe")
+	build := exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build probe: %v\n%s", err, out)
+		return 1
+	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var resolve []string
+	for _, h := range tlsHosts {
+		u, err := startUpstream(h, &tls.Config{Certificates: []tls.Certificate{leaf}})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer u.close()
+		upstreams[h] = u
+		resolve = append(resolve, h+"="+u.addr)
+	}
+	u, err := startUpstream(plainHost, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer u.close()
+	upstreams[plainHost] = u
+	resolve = append(resolve, plainHost+"="+u.addr)
+	// A UDP listener on the same port number as example.test's HTTP server: allow-all UDP to
+	// example.test lands here, curated UDP never does.
+	if udpSeen, err = listenUDP(u.addr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer udpSeen.close()
+
+	stack, err = testutil.StartStack("NEXUS_RESOLVE="+strings.Join(resolve, ","), "NEXUS_EXTRA_CA="+caFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	if code == 0 {
+		// Every log the stack wrote and every audit event of the run: no token, no placeholder.
+		if leaks := scanForSecrets(); len(leaks) > 0 {
+			fmt.Fprintln(os.Stderr, "FAIL: secrets leaked:")
+			for _, l := range leaks {
+				fmt.Fprintln(os.Stderr, "  "+l)
+			}
+			code = 1
+		} else {
+			fmt.Fprintf(os.Stderr, "leak scan: %d secret values absent from %d bytes of stack log and the audit stream\n", secrets.len(), len(stack.Log()))
+		}
+	}
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, "---- nexus up log (tail) ----")
+		log := stack.Log()
+		if len(log) > 20000 {
+			log = log[len(log)-20000:]
+		}
+		fmt.Fprintln(os.Stderr, log)
+	}
+	stack.Stop()
+	return code
+}
+
+// testPKI makes a CA and one leaf for hosts, the way a private PKI would.
+func testPKI(hosts []string) ([]byte, tls.Certificate, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nexus e2e upstream CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key}, nil
+}
+
+// seen is one request that reached a fake upstream.
+type seen struct {
+	Host, Path, Auth string
+}
+
+// upstream is a fake internet host on loopback that records every request.
+type upstream struct {
+	name string
+	addr string
+	srv  *http.Server
+	mu   sync.Mutex
+	reqs []seen
+}
+
+func startUpstream(name string, tc *tls.Config) (*upstream, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{name: name, addr: ln.Addr().String()}
+	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
+	go u.srv.Serve(ln)
+	return u, nil
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.reqs = append(u.reqs, seen{Host: r.Host, Path: r.URL.RequestURI(), Auth: r.Header.Get("Authorization")})
+	u.mu.Unlock()
+	fmt.Fprintf(w, "hello from fake %s\n", u.name)
+}
+
+// find returns the requests whose path starts with prefix.
+func (u *upstream) find(prefix string) []seen {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []seen
+	for _, s := range u.reqs {
+		if strings.HasPrefix(s.Path, prefix) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (u *upstream) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.reqs)
+}
+
+func (u *upstream) close() { u.srv.Close() }
+
+type udpSink struct {
+	c    net.PacketConn
+	mu   sync.Mutex
+	msgs [][]byte
+}
+
+func listenUDP(addr string) (*udpSink, error) {
+	c, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("udp listener on %s: %w", addr, err)
+	}
+	s := &udpSink{c: c}
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.msgs = append(s.msgs, append([]byte(nil), buf[:n]...))
+			s.mu.Unlock()
+			c.WriteTo([]byte("pong "+string(bytes.TrimSpace(buf[:n]))+"\n"), from)
+		}
+	}()
+	return s, nil
+}
+
+// got reports whether a datagram containing marker arrived.
+func (s *udpSink) got(marker string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.msgs {
+		if bytes.Contains(m, []byte(marker)) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *udpSink) close() { s.c.Close() }
+
+type secretSet struct {
+	mu   sync.Mutex
+	vals map[string]string // value → what it is
+}
+
+func (s *secretSet) add(what, v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vals == nil {
+		s.vals = map[string]string{}
+	}
+	if v != "" {
+		s.vals[v] = what
+	}
+}
+
+func (s *secretSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.vals)
+}
+
+// scanForSecrets greps the stack's log, every audit event and the plaintext files under
+// $NEXUS_HOME (real tokens only: the store is encrypted at rest) for the collected values.
+func scanForSecrets() []string {
+	secrets.mu.Lock()
+	vals := secrets.vals
+	secrets.mu.Unlock()
+	var leaks []string
+	log := stack.Log()
+	out, errOut, code := stack.Nexus(nopTB{}, "audit", "tail", "--json")
+	if code != 0 {
+		leaks = append(leaks, "cannot read the audit stream: "+errOut)
+	}
+	for v, what := range vals {
+		if strings.Contains(log, v) {
+			leaks = append(leaks, what+" appears in the nexus up log")
+		}
+		if strings.Contains(out, v) {
+			leaks = append(leaks, what+" appears in an audit event")
+		}
+	}
+	filepath.Walk(string(stack.Home), func(p string, fi os.FileInfo, err error) error {
+		if err != nil || fi.IsDir() || fi.Size() > 64<<20 || strings.HasSuffix(p, ".qcow2") || strings.HasSuffix(p, ".ext4") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		for v, what := range vals {
+			if strings.HasPrefix(what, "real") && bytes.Contains(b, []byte(v)) {
+				leaks = append(leaks, what+" is stored in plaintext in "+p)
+			}
+		}
+		return nil
+	})
+	return leaks
+}
+
+// nopTB lets TestMain use the stack's CLI helper.
+type nopTB struct{ testing.TB }
+
+func (nopTB) Helper() {}
