@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,9 +13,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
-	"github.com/IniZio/nexus/pkg/stream"
 )
 
 const (
@@ -58,11 +55,12 @@ type capture struct {
 	limit int
 }
 
-func (c *capture) write(p []byte) {
+func (c *capture) Write(p []byte) (int, error) {
 	c.total += int64(len(p))
 	if room := c.limit - len(c.buf); room > 0 {
 		c.buf = append(c.buf, p[:min(room, len(p))]...)
 	}
+	return len(p), nil
 }
 
 func (c *capture) truncated() bool { return c.total > int64(len(c.buf)) }
@@ -146,64 +144,29 @@ func (s *Server) sandboxExec(ctx context.Context, req mcpgo.CallToolRequest) (an
 func runCommand(ctx context.Context, c *api.Client, req api.ExecRequest, stdin *string, timeout time.Duration) (*ExecResult, error) {
 	req.Timeout = timeout.String()
 	req.Stdin = stdin != nil
-	req.SID = stream.NewID()
-	sess, err := stream.Client(c.Conn(), req.SID)
-	if err != nil {
-		return nil, err
-	}
-	defer sess.Close()
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = c.Exec(rctx, req)
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel = context.WithTimeout(ctx, timeout+30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
 	defer cancel()
-	go func() {
-		<-ctx.Done()
-		sess.Close() // ends Recv below; the guest process dies with the stream
-	}()
-	if stdin != nil {
-		go func() {
-			if len(*stdin) > 0 && sess.Write(stream.KindStdin, []byte(*stdin)) != nil {
-				return
-			}
-			sess.Send(stream.KindStdinClose, nil)
-		}()
-	}
 	stdout := &capture{limit: OutputLimit}
 	stderr := &capture{limit: OutputLimit}
-	for {
-		m, err := sess.Recv()
-		if err != nil {
-			switch {
-			case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
-				return nil, errdefs.Unavailable("exec in %s: no exit status %s after the timeout: the sandbox stopped answering", req.Name, 30*time.Second)
-			case ctx.Err() != nil:
-				return nil, fmt.Errorf("exec in %s: cancelled", req.Name)
-			case errors.Is(err, stream.ErrPeerGone):
-				return nil, errdefs.Unavailable("exec in %s: lost the sandbox's output stream (is the vmm running?)", req.Name)
-			}
-			return nil, fmt.Errorf("exec in %s: the stream ended before the command exited: %w", req.Name, err)
-		}
-		switch m.Kind {
-		case stream.KindStdout:
-			stdout.write(m.Data)
-		case stream.KindStderr:
-			stderr.write(m.Data)
-		case stream.KindExit:
-			var exit vmmapi.Exit
-			if err := json.Unmarshal(m.Data, &exit); err != nil {
-				return nil, fmt.Errorf("exec in %s: bad exit message: %w", req.Name, err)
-			}
-			return &ExecResult{
-				ExitCode: exit.Code, Signal: exit.Signal, Error: oneLine(exit.Error),
-				Stdout: stdout.text(), StdoutBytes: stdout.total, StdoutTruncated: stdout.truncated(),
-				Stderr: stderr.text(), StderrBytes: stderr.total, StderrTruncated: stderr.truncated(),
-			}, nil
-		}
+	pipes := api.IO{Stdout: stdout, Stderr: stderr}
+	if stdin != nil {
+		pipes.Stdin = strings.NewReader(*stdin)
 	}
+	exit, err := c.Run(ctx, req, pipes)
+	if err != nil {
+		switch {
+		case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+			return nil, errdefs.Unavailable("exec in %s: no exit status %s after the timeout: the sandbox stopped answering", req.Name, 30*time.Second)
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("exec in %s: cancelled", req.Name)
+		}
+		return nil, fmt.Errorf("exec in %s: %w", req.Name, err)
+	}
+	return &ExecResult{
+		ExitCode: exit.Code, Signal: exit.Signal, Error: oneLine(exit.Error),
+		Stdout: stdout.text(), StdoutBytes: stdout.total, StdoutTruncated: stdout.truncated(),
+		Stderr: stderr.text(), StderrBytes: stderr.total, StderrTruncated: stderr.truncated(),
+	}, nil
 }
 
 type runArgs struct {

@@ -362,7 +362,7 @@ func TestCaptureKeepsWholeRunes(t *testing.T) {
 	}
 	c = &capture{limit: 8}
 	c.write([]byte("abcdef"))
-	c.write([]byte("é"))
+	c.Write([]byte("é"))
 	if c.text() != "abcdefé" || c.truncated() {
 		t.Errorf("exact fit: %q", c.text())
 	}

@@ -73,7 +73,7 @@ func New(cfg Config) (*Server, error) {
 			"Use sandbox_run for one-shot commands, sandbox_create + sandbox_exec for longer work, and the "+
 			"delegate_* tools to hand a git worktree of a host repo to an in-guest agent."),
 	)
-	for _, t := range s.tools() {
+	for _, t := range append(s.tools(), s.snapshotTools()...) {
 		s.mcp.AddTool(t.tool, s.wrap(t.tool.Name, t.handler))
 	}
 	return s, nil
