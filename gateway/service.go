@@ -67,6 +67,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return err
 	}
 	defer sub.Unsubscribe()
+	go g.watchLeases(ctx)
 	go func() {
 		t := time.NewTicker(ReconcileEvery)
 		defer t.Stop()

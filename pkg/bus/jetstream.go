@@ -10,8 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// LeaseTTL is how long a lease in nexus_leases lives without a refresh.
-const LeaseTTL = 10 * time.Second
+// LeaseTTL is how long a lease in nexus_leases lives without a refresh (its holder refreshes
+// it every second).
+const LeaseTTL = 5 * time.Second
 
 // EnsureJetStream creates (or updates) every bucket and stream nexus uses. Only the bus user
 // may do this; services bind to what exists.

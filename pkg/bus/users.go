@@ -93,7 +93,7 @@ func permissions(user string) *server.Permissions {
 		return p(with(jsRead, EventsPrefix+".ports.>", "$KV."+KVPorts+".>", "$SRV.>"),
 			[]string{PortfwdPrefix + ".>", EventsPrefix + ".>", "$SRV.>"})
 	case UserCLI:
-		return p(with(jsRead, GatewayPrefix+".>", StreamPrefix+".*.in", "$SRV.>"),
+		return p(with(jsRead, GatewayPrefix+".>", StreamPrefix+".*.in", "$SRV.>", "$KV."+KVLeases+".>"),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
 	}
 	// Unknown users get nothing at all.

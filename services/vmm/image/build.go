@@ -118,11 +118,16 @@ func buildMini(ctx context.Context, h home.Dir, root string, progress Progress) 
 
 // buildBase runs debootstrap with its debs cached under the nexus cache.
 func buildBase(ctx context.Context, h home.Dir, root string, progress Progress) error {
+	return debootstrap(ctx, h, Base, root, BasePackages, progress)
+}
+
+// debootstrap builds a minbase root with packages (and what they depend on) for image name.
+func debootstrap(ctx context.Context, h home.Dir, name, root string, packages []string, progress Progress) error {
 	if err := needTools("debootstrap", "mkfs.ext4"); err != nil {
 		return err
 	}
 	if os.Geteuid() != 0 {
-		return errdefs.Unavailable("image build %s needs root: debootstrap must run as root (nexus-mini does not)", Base)
+		return errdefs.Unavailable("image build %s needs root: debootstrap must run as root (nexus-mini does not)", name)
 	}
 	mirror := HostMirror()
 	cache := filepath.Join(h.Cache(), "debs", "debootstrap")
@@ -131,7 +136,7 @@ func buildBase(ctx context.Context, h home.Dir, root string, progress Progress) 
 	}
 	progress("debootstrap "+Suite+" from "+mirror, 0.05)
 	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase",
-		"--include="+strings.Join(BasePackages, ","), "--cache-dir="+cache,
+		"--include="+strings.Join(packages, ","), "--cache-dir="+cache,
 		Suite, root, mirror)
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
 	stdout, err := cmd.StdoutPipe()
@@ -141,7 +146,7 @@ func buildBase(ctx context.Context, h home.Dir, root string, progress Progress) 
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("image build %s: debootstrap: %w", Base, err)
+		return fmt.Errorf("image build %s: debootstrap: %w", name, err)
 	}
 	// debootstrap's "I: …" lines become progress steps; the fraction follows its phases.
 	phases := []struct {
@@ -176,7 +181,7 @@ func buildBase(ctx context.Context, h home.Dir, root string, progress Progress) 
 		if msg == "" {
 			msg = last
 		}
-		return fmt.Errorf("image build %s: debootstrap: %w: %s", Base, err, msg)
+		return fmt.Errorf("image build %s: debootstrap: %w: %s", name, err, msg)
 	}
 
 	progress("configure root", 0.88)

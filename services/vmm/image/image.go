@@ -2,6 +2,7 @@
 //
 //	nexus-mini   busybox-static from Debian: /bin/busybox, its applet links, passwd/group; seconds
 //	nexus-base   debootstrap --variant=minbase bookworm + ca-certificates, git, curl, openssh-client
+//	nexus-agent-base  nexus-base + Debian's nodejs and npm + @anthropic-ai/claude-code from npm
 //
 // Images are made with `mkfs.ext4 -d` from a root directory (no loop mounts, works without
 // privileges for nexus-mini) into sparse files sized content + headroom. They live in
@@ -31,12 +32,13 @@ import (
 
 // Names of the images nexus can build.
 const (
-	Mini = "nexus-mini"
-	Base = "nexus-base"
+	Mini      = "nexus-mini"
+	Base      = "nexus-base"
+	AgentBase = "nexus-agent-base"
 )
 
 // Known lists the buildable image names.
-var Known = []string{Base, Mini}
+var Known = []string{Base, Mini, AgentBase}
 
 // Progress receives named build steps and a completion fraction in [0,1]; it may be nil.
 type Progress func(step string, frac float64)
@@ -186,6 +188,8 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 		err = buildMini(ctx, h, root, progress)
 	case Base:
 		err = buildBase(ctx, h, root, progress)
+	case AgentBase:
+		err = buildAgentBase(ctx, h, root, progress)
 	}
 	if err != nil {
 		return nil, err
@@ -271,7 +275,7 @@ func writeAtomic(path string, data []byte) error {
 
 // Recipe names the content of each image; change it when a build step changes so cached
 // copies of the old content are not reused.
-var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-1"}
+var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-1", AgentBase: "agent-base-bookworm-1"}
 
 func cachedPath(h home.Dir, name string) string {
 	return filepath.Join(h.Cache(), "images", Recipe[name]+".ext4")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/testutil"
 	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
 )
@@ -214,4 +215,54 @@ func TestHostMirrorParse(t *testing.T) {
 		t.Fatalf("mirror = %q", m)
 	}
 	t.Logf("host mirror: %s", m)
+}
+
+func TestAgentBase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("nexus-agent-base takes minutes to build")
+	}
+	needTools(t, "debootstrap", "mkfs.ext4", "debugfs", "chroot")
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI builds nexus-agent-base: debootstrap and chroot need root")
+		}
+		t.Skip("debootstrap needs root")
+	}
+	// The shared download cache keeps debs and npm downloads (and the built image) across runs.
+	t.Setenv(home.CacheEnv, testutil.SharedCache())
+	h := home.Dir(t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	start := time.Now()
+	var steps []string
+	info, err := image.Build(ctx, h, image.AgentBase, true, func(step string, frac float64) { steps = append(steps, step) })
+	if err != nil {
+		t.Fatalf("build: %v (steps %q)", err, steps)
+	}
+	t.Logf("nexus-agent-base built in %v: size %d MiB, on disk %d MiB, content %d MiB",
+		time.Since(start).Round(time.Second), info.Size>>20, info.DiskUsage>>20, info.Content>>20)
+	var version string
+	for _, s := range steps {
+		if strings.HasPrefix(s, "claude ") {
+			version = s
+		}
+	}
+	if version == "" {
+		t.Errorf("no claude --version step in %q", steps)
+	}
+	t.Logf("%s", version)
+	if bin := debugfsLs(t, info.Path, "/usr/local/bin"); !hasEntry(bin, "claude") {
+		t.Errorf("/usr/local/bin lacks claude:\n%s", bin)
+	}
+	if bin := debugfsLs(t, info.Path, "/usr/bin"); !hasEntry(bin, "node") || !hasEntry(bin, "npm") {
+		t.Errorf("/usr/bin lacks node or npm")
+	}
+	// The build's bind mounts lived in a private namespace: nothing of it is mounted here.
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), h.Images()) {
+		t.Errorf("a build mount is still visible:\n%s", mounts)
+	}
+	if npm := debugfsLs(t, info.Path, "/var/cache"); hasEntry(npm, "nexus-npm") {
+		t.Errorf("the npm cache mount point is left in the image")
+	}
 }

@@ -1,0 +1,148 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// The lease watchdog (DESIGN §2, KV nexus_leases): an ephemeral sandbox lives only while the
+// caller that launched it refreshes the lease key <sandbox id>. The sweep keeps no state of its
+// own — it reads the registry and the bucket each time — so a restarted gateway picks up where
+// the last one stopped.
+var (
+	// LeaseSweepEvery is how often ephemeral sandboxes are checked.
+	LeaseSweepEvery = time.Second
+	// LeaseGrace is how long an ephemeral sandbox may go without a lease after it became
+	// running (or failed): the caller takes its lease right after create returns.
+	LeaseGrace = 10 * time.Second
+	// LeaseStuckBoot is how long a boot or a stop may take before the watchdog steps in.
+	LeaseStuckBoot = api.CreateTimeout + time.Minute
+	// LeaseStuckRemove is how long a removal may take before the watchdog drives it again
+	// (its gateway died midway).
+	LeaseStuckRemove = time.Minute
+)
+
+type leaseWatchdog struct {
+	ctx    context.Context // the watchdog's life; removals end with it
+	g      *Gateway
+	kv     jetstream.KeyValue
+	mu     sync.Mutex
+	active map[string]bool // sandbox ids being removed by this process
+	wg     sync.WaitGroup
+}
+
+// watchLeases sweeps ephemeral sandboxes every LeaseSweepEvery until ctx ends, and waits for
+// the removals it started.
+func (g *Gateway) watchLeases(ctx context.Context) {
+	w := &leaseWatchdog{ctx: ctx, g: g, active: map[string]bool{}}
+	defer w.wg.Wait()
+	t := time.NewTicker(LeaseSweepEvery)
+	defer t.Stop()
+	for {
+		if w.kv == nil {
+			kv, err := bus.KV(ctx, g.cfg.Bus, bus.KVLeases)
+			if err != nil {
+				g.log.Warn().Err(err).Msg("lease watchdog: cannot bind the leases bucket")
+			}
+			w.kv = kv
+		}
+		if w.kv != nil {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			w.sweep(sctx, time.Now())
+			cancel()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sweep removes every ephemeral sandbox past its grace whose lease key is gone.
+func (w *leaseWatchdog) sweep(ctx context.Context, now time.Time) {
+	all, err := w.g.reg.List(ctx, nil)
+	if err != nil {
+		w.g.log.Warn().Err(err).Msg("lease watchdog: cannot list the registry")
+		return
+	}
+	for _, sb := range all {
+		if !sb.Ephemeral || !dueForLeaseCheck(sb, now) || w.busy(sb.ID) {
+			continue
+		}
+		_, err := w.kv.Get(ctx, sb.ID)
+		if err == nil {
+			continue // the caller is alive
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			// The bucket did not answer: never remove a sandbox on a guess.
+			w.g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("lease watchdog: cannot read the lease")
+			continue
+		}
+		w.remove(sb)
+	}
+}
+
+// dueForLeaseCheck reports whether sb has been without a caller long enough to be judged: a
+// running or paused sandbox LeaseGrace after it started, a failed or stopped one LeaseGrace
+// after it settled, a boot or a removal only when it is overdue (its gateway died).
+func dueForLeaseCheck(sb *api.Sandbox, now time.Time) bool {
+	since := sb.UpdatedAt
+	grace := LeaseGrace
+	switch sb.State {
+	case api.StateRunning, api.StatePaused:
+		if !sb.StartedAt.IsZero() {
+			since = sb.StartedAt
+		}
+	case api.StateFailed, api.StateStopped, api.StateCreated:
+	case api.StateRemoving:
+		grace = LeaseStuckRemove
+	default: // starting, stopping: someone is working on it
+		grace = LeaseStuckBoot
+	}
+	return now.Sub(since) >= grace
+}
+
+func (w *leaseWatchdog) busy(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.active[id]
+}
+
+// remove tears the sandbox down in the background (force: it is running) and forgets it. The
+// gateway's remove waits for the VM to exit and the perimeter to be torn down.
+func (w *leaseWatchdog) remove(sb *api.Sandbox) {
+	w.mu.Lock()
+	w.active[sb.ID] = true
+	w.mu.Unlock()
+	w.g.log.Info().Str("sandbox", sb.Name).Str("id", sb.ID).Str("state", string(sb.State)).
+		Msg("ephemeral sandbox lost its caller's lease; removing it")
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer func() {
+			w.mu.Lock()
+			delete(w.active, sb.ID)
+			w.mu.Unlock()
+		}()
+		rctx, cancel := context.WithTimeout(w.ctx, 2*time.Minute)
+		defer cancel()
+		err := w.g.remove(rctx, sb, true)
+		switch {
+		case err == nil:
+			w.g.log.Info().Str("sandbox", sb.Name).Msg("ephemeral sandbox removed")
+		case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrConflict):
+			// Its caller removed it meanwhile, or changed it: the next sweep looks again.
+		default:
+			w.g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("lease watchdog: remove failed; retrying on the next sweep")
+		}
+	}()
+}
