@@ -110,6 +110,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 			bus.Handle(s, "egress-show", sub(api.VerbEgressShow), g.egressShow),
 			bus.Handle(s, "image", sub(api.VerbImage), g.image),
 			bus.Handle(s, "ports", sub(verbPorts), g.ports),
+			bus.Handle(s, "snapshot-create", sub(api.VerbSnapshotCreate), g.snapshotCreate),
+			bus.Handle(s, "snapshot-list", sub(api.VerbSnapshotList), g.snapshotList),
+			bus.Handle(s, "snapshot-rm", sub(api.VerbSnapshotRemove), g.snapshotRemove),
+			bus.Handle(s, "fork", sub(api.VerbFork), g.fork),
+			bus.Handle(s, "volume-list", sub(api.VerbVolumeList), g.volumeList),
+			bus.Handle(s, "volume-rm", sub(api.VerbVolumeRemove), g.volumeRemove),
 		}
 		for _, err := range errs {
 			if err != nil {
@@ -181,6 +187,9 @@ func (g *Gateway) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	sb.Mounts = mounts
+	if sb.Volumes, err = parseNamedMounts(r.MountNamed); err != nil {
+		return nil, err
+	}
 	plan, err := planEgress(r, prof, time.Now(), g.secretExists(ctx))
 	if err != nil {
 		return nil, err
@@ -237,6 +246,7 @@ func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) er
 		req.Mounts = append(req.Mounts, vmmapi.Mount{Host: m.Host, Guest: m.Guest, ReadOnly: m.ReadOnly})
 	}
 	req.Mounts = append(req.Mounts, perim.mounts...)
+	req.Volumes = vmmVolumes(sb.Volumes)
 	if _, err := g.vmm(sb.Host).Start(ctx, req); err != nil {
 		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)

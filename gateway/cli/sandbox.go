@@ -104,6 +104,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.Repos, "repo", nil, "bind a GitHub repo owner/repo (repeatable)")
 	f.StringArrayVar(&r.Secrets, "secret", nil, "broker secret NAME@host[,host] (repeatable)")
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
+	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd

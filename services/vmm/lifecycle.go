@@ -127,6 +127,9 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 	for i, m := range r.Mounts {
 		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: m.Host, Tag: fmt.Sprintf("nexus%d", i), ReadOnly: m.ReadOnly})
 	}
+	if err := s.attachVolumes(ctx, r.ID, r.Volumes, &spec); err != nil {
+		return api.StartResponse{}, wrap("volumes", err)
+	}
 	vm, err := s.drv.Start(ctx, spec)
 	if err != nil {
 		return api.StartResponse{}, wrap("qemu", err)
@@ -163,6 +166,9 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		if err := s.mount(bctx, agent, fmt.Sprintf("nexus%d", i), mnt); err != nil {
 			return fail("mounts", err)
 		}
+	}
+	if err := mountVolumes(bctx, agent, r.Volumes); err != nil {
+		return fail("volumes", err)
 	}
 	for _, f := range r.Files {
 		if err := agent.CopyIn(bctx, agentproto.CopyInRequest{Path: f.Path, Mode: f.Mode, Size: int64(len(f.Data)), MkdirAll: true}, bytesReader(f.Data)); err != nil {
@@ -304,6 +310,9 @@ func (s *Service) remove(ctx context.Context, r api.IDRequest) (api.Empty, error
 	dir := s.cfg.Home.Sandbox(r.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		return api.Empty{}, fmt.Errorf("remove %s: %w", dir, err)
+	}
+	if err := os.RemoveAll(s.volumeDir(r.ID)); err != nil {
+		return api.Empty{}, fmt.Errorf("remove volumes of %s: %w", r.ID, err)
 	}
 	return api.Empty{}, nil
 }

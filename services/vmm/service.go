@@ -55,6 +55,8 @@ type Service struct {
 
 	mu  sync.Mutex
 	vms map[string]*machine
+
+	snapMu sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
 }
 
 // New checks QEMU and the agent binary; Run serves.
@@ -97,6 +99,7 @@ func New(cfg Config) (*Service, error) {
 // Run adopts the VMs left running by an earlier vmm, registers the endpoints and serves.
 func (s *Service) Run(ctx context.Context) error {
 	s.adoptAll(ctx)
+	s.cleanSnapshotTemps()
 	info := bus.ServiceInfo{Name: "vmm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "microVMs, images, guest agent channel"}
 	return bus.Serve(ctx, s.cfg.Bus, info, s.log, func(svc *bus.Service) error {
 		sub := func(verb string) string { return bus.HostSubject(bus.VMMPrefix, s.cfg.Host, verb) }
@@ -113,6 +116,13 @@ func (s *Service) Run(ctx context.Context) error {
 			bus.Handle(svc, "logs", sub(api.VerbLogs), s.logs),
 			bus.Handle(svc, "images", sub(api.VerbImages), s.images),
 			bus.Handle(svc, "image", sub(api.VerbImage), s.image),
+			bus.Handle(svc, "snapshot-create", sub(api.VerbSnapshotCreate), s.snapshotCreate),
+			bus.Handle(svc, "snapshot-remove", sub(api.VerbSnapshotRemove), s.snapshotRemove),
+			bus.Handle(svc, "snapshot-children", sub(api.VerbSnapshotChildren), s.snapshotChildren),
+			bus.Handle(svc, "snapshot-list", sub(api.VerbSnapshotList), s.snapshotList),
+			bus.Handle(svc, "fork", sub(api.VerbFork), s.fork),
+			bus.Handle(svc, "volume-list", sub(api.VerbVolumes), s.volumes),
+			bus.Handle(svc, "volume-remove", sub(api.VerbVolumeRemove), s.volumeRemove),
 		} {
 			if err != nil {
 				return err

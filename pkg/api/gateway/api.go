@@ -36,8 +36,9 @@ type CreateRequest struct {
 	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	AllowHosts    []string          `json:"allow_hosts,omitempty"`
 	Repos         []string          `json:"repos,omitempty"`
-	Secrets       []string          `json:"secrets,omitempty"` // NAME@host[,host]
-	Mounts        []string          `json:"mounts,omitempty"`  // host:guest[:ro]
+	Secrets       []string          `json:"secrets,omitempty"`     // NAME@host[,host]
+	Mounts        []string          `json:"mounts,omitempty"`      // host:guest[:ro]
+	MountNamed    []string          `json:"mount_named,omitempty"` // name:guest[,kind=disk]
 	NoPortForward bool              `json:"no_port_forward,omitempty"`
 	Ephemeral     bool              `json:"ephemeral,omitempty"`
 	// Progress, when set, receives boot steps (vmm.Step JSON) as they finish.

@@ -44,6 +44,7 @@ type StartRequest struct {
 	Hostname  string            `json:"hostname"`
 	Env       map[string]string `json:"env,omitempty"` // applied to every exec; may hold placeholders
 	Mounts    []Mount           `json:"mounts,omitempty"`
+	Volumes   []Volume          `json:"volumes,omitempty"`    // named virtio-blk volumes (volumes.go)
 	NetSocket string            `json:"net_socket,omitempty"` // netstack's unix socket; empty: no NIC at all
 	// NoPortForward keeps guest listeners from being published to the port forwarder.
 	NoPortForward bool `json:"no_port_forward,omitempty"`

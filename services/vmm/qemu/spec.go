@@ -62,6 +62,9 @@ type VMSpec struct {
 
 	// RAMPath is the memory-backend file; default /dev/shm/nexus-<id>-<hash of Dir>.ram.
 	RAMPath string
+	// Incoming restores a saved VM (Driver.Restore): RAMPath is a snapshot's RAM file, mapped
+	// share=off (copy-on-write, never removed) and QEMU waits stopped for the device state.
+	Incoming bool
 }
 
 var (
@@ -248,6 +251,10 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 		cpu, accelArg = "host", "kvm"
 	}
 	mem := strconv.Itoa(s.MemoryMiB) + "M"
+	share := "on"
+	if s.Incoming {
+		share = "off"
+	}
 	a := []string{
 		"-name", "nexus-" + s.ID + ",process=nexus-" + s.ID,
 		// pit and pic stay at microvm's defaults (on): under TCG the guest hangs without them.
@@ -256,7 +263,7 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 		"-cpu", cpu,
 		"-m", mem,
 		"-smp", strconv.Itoa(s.VCPUs),
-		"-object", "memory-backend-file,id=mem,size=" + mem + ",mem-path=" + ramPath + ",share=on",
+		"-object", "memory-backend-file,id=mem,size=" + mem + ",mem-path=" + ramPath + ",share=" + share,
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", s.Kernel,
 		"-initrd", s.Initrd,
@@ -264,6 +271,9 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 		"-chardev", "file,id=console,path=" + consolePath(s.Dir) + ",append=on",
 		"-serial", "chardev:console",
 		"-qmp", "unix:" + qmpPath(s.Dir) + ",server=on,wait=off",
+	}
+	if s.Incoming {
+		a = append(a, "-S", "-incoming", "defer")
 	}
 	if s.Disk != "" {
 		a = append(a,

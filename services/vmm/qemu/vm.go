@@ -31,6 +31,7 @@ type state struct {
 	RAMPath string    `json:"ram_path"`
 	Started time.Time `json:"started"`
 	Binary  string    `json:"binary"`
+	Spec    *VMSpec   `json:"spec,omitempty"` // what the VM was started with (snapshots describe the machine from it)
 }
 
 // VM is a handle on one running QEMU process. Dropping the handle (Close) leaves QEMU running.
@@ -43,6 +44,7 @@ type VM struct {
 	QMP     *QMP
 
 	ramPath string
+	spec    VMSpec
 	pidfd   int
 	done    chan struct{}
 	mu      sync.Mutex
@@ -72,7 +74,9 @@ func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
 	if ram == "" {
 		ram = defaultRAMPath(spec.ID, spec.Dir)
 	}
-	os.Remove(ram)
+	if !spec.Incoming {
+		os.Remove(ram)
+	}
 
 	logf, err := os.OpenFile(logPath(spec.Dir), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -94,13 +98,13 @@ func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
 	}
 	vm := &VM{
 		ID: spec.ID, Dir: spec.Dir, Pid: cmd.Process.Pid, Accel: accel, Started: now,
-		ramPath: ram, pidfd: pidfd, done: make(chan struct{}),
+		ramPath: ram, spec: spec, pidfd: pidfd, done: make(chan struct{}),
 	}
 	go func() {
 		err := cmd.Wait()
 		vm.exited(err)
 	}()
-	st := state{ID: spec.ID, Pid: vm.Pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary}
+	st := state{ID: spec.ID, Pid: vm.Pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec}
 	b, _ := json.Marshal(st)
 	if err := writeAtomic(statePath(spec.Dir), b); err == nil {
 		err = writeAtomic(pidPath(spec.Dir), []byte(strconv.Itoa(vm.Pid)+"\n"))
@@ -177,6 +181,9 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (*VM, error) {
 	vm := &VM{
 		ID: st.ID, Dir: dir, Pid: pid, Accel: st.Accel, Started: st.Started,
 		ramPath: st.RAMPath, pidfd: pidfd, done: make(chan struct{}),
+	}
+	if st.Spec != nil {
+		vm.spec = *st.Spec
 	}
 	watchFd, err := unix.Dup(pidfd)
 	if err != nil {

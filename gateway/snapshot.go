@@ -1,0 +1,376 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/profile"
+)
+
+// Snapshots, forks and named volumes. The vmm of the parent's host does the disk and memory work
+// (services/vmm/snapshot.go); the gateway keeps the index in KV nexus_snapshots and gives every
+// fork a registry record and a perimeter of its own, exactly as create does.
+
+func (g *Gateway) snapshotKV(ctx context.Context) (jetstream.KeyValue, error) {
+	return bus.KV(ctx, g.cfg.Bus, bus.KVSnapshots)
+}
+
+func (g *Gateway) getSnapshot(ctx context.Context, name string) (*api.Snapshot, error) {
+	if err := vmmapi.CheckSnapshotName(name); err != nil {
+		return nil, err
+	}
+	kv, err := g.snapshotKV(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, errdefs.NotFound("no snapshot named %s", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshots: get %s: %w", name, err)
+	}
+	var s api.Snapshot
+	if err := json.Unmarshal(e.Value(), &s); err != nil {
+		return nil, fmt.Errorf("snapshots: record %s is damaged: %w", name, err)
+	}
+	return &s, nil
+}
+
+// snapshotCreate snapshots a running or paused sandbox and records it.
+func (g *Gateway) snapshotCreate(ctx context.Context, r api.SnapshotCreateRequest) (*api.Snapshot, error) {
+	return g.snapshot(ctx, r.Sandbox, r.Snapshot, "snapshot create")
+}
+
+func (g *Gateway) snapshot(ctx context.Context, sandbox, snap, op string) (*api.Snapshot, error) {
+	if err := vmmapi.CheckSnapshotName(snap); err != nil {
+		return nil, err
+	}
+	name, err := api.ParseName(sandbox)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := g.reg.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != api.StateRunning && sb.State != api.StatePaused {
+		return nil, errdefs.Conflict("%s: sandbox %s is %s; only a running or paused sandbox can be snapshotted", op, sb.Name, sb.State)
+	}
+	kv, err := g.snapshotKV(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := kv.Get(ctx, snap); err == nil {
+		return nil, errdefs.Conflict("snapshot %s already exists", snap)
+	}
+	info, err := g.vmm(sb.Host).SnapshotCreate(ctx, vmmapi.SnapshotRequest{ID: sb.ID, Snapshot: snap, Op: op})
+	if err != nil {
+		return nil, err
+	}
+	rec := &api.Snapshot{
+		Name: snap, Sandbox: sb.Name, SandboxID: sb.ID, Host: sb.Host, Image: sb.Image, MemoryMiB: info.MemoryMiB, VCPUs: info.VCPUs,
+		Agent: sb.Agent, Egress: sb.Egress, Secrets: sb.Secrets, Volumes: sb.Volumes, NoPortForward: sb.NoPortForward,
+		CreatedAt: info.Created, RAMBytes: info.RAMBytes, RAMDataBytes: info.RAMDataBytes, StateBytes: info.StateBytes,
+		DiskBytes: info.DiskBytes, PausedMillis: info.PausedMillis,
+	}
+	b, _ := json.Marshal(rec)
+	if _, err := kv.Create(ctx, snap, b); err != nil {
+		// Keep disk and index in step: without a record the snapshot is removed again.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		g.vmm(sb.Host).SnapshotRemove(rctx, snap)
+		cancel()
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, errdefs.Conflict("snapshot %s already exists", snap)
+		}
+		return nil, fmt.Errorf("snapshots: record %s: %w", snap, err)
+	}
+	return rec, nil
+}
+
+// snapshotList lists the recorded snapshots with their live children.
+func (g *Gateway) snapshotList(ctx context.Context, _ api.Empty) ([]api.SnapshotView, error) {
+	kv, err := g.snapshotKV(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("snapshots: list: %w", err)
+	}
+	defer lister.Stop()
+	names := g.idNames(ctx)
+	out := []api.SnapshotView{}
+	for key := range lister.Keys() {
+		rec, err := g.getSnapshot(ctx, key)
+		if err != nil {
+			continue
+		}
+		v := api.SnapshotView{Snapshot: *rec}
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if ids, err := g.vmm(rec.Host).SnapshotChildren(lctx, rec.Name); err == nil {
+			v.Children = childNames(ids, names)
+		}
+		cancel()
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// idNames maps sandbox ids to names.
+func (g *Gateway) idNames(ctx context.Context) map[string]string {
+	names := map[string]string{}
+	if all, err := g.reg.List(ctx, nil); err == nil {
+		for _, sb := range all {
+			names[sb.ID] = sb.Name
+		}
+	}
+	return names
+}
+
+func childNames(ids []string, names map[string]string) []string {
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if n, ok := names[id]; ok {
+			out = append(out, n)
+		} else {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// snapshotRemove deletes a snapshot unless live sandboxes were forked from it.
+func (g *Gateway) snapshotRemove(ctx context.Context, r api.SnapshotRemoveRequest) (api.Empty, error) {
+	rec, err := g.getSnapshot(ctx, r.Snapshot)
+	if err != nil {
+		return api.Empty{}, err
+	}
+	ids, err := g.vmm(rec.Host).SnapshotChildren(ctx, rec.Name)
+	if err != nil {
+		return api.Empty{}, err
+	}
+	if len(ids) > 0 {
+		return api.Empty{}, errdefs.Refused("snapshot %s is in use by live sandboxes %s: remove them first (there is no --force)",
+			rec.Name, strings.Join(childNames(ids, g.idNames(ctx)), ", "))
+	}
+	if err := g.vmm(rec.Host).SnapshotRemove(ctx, rec.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if errors.Is(err, errdefs.ErrRefused) {
+			// A fork started in between: name it the way the user knows it.
+			if ids, cerr := g.vmm(rec.Host).SnapshotChildren(ctx, rec.Name); cerr == nil && len(ids) > 0 {
+				return api.Empty{}, errdefs.Refused("snapshot %s is in use by live sandboxes %s: remove them first (there is no --force)",
+					rec.Name, strings.Join(childNames(ids, g.idNames(ctx)), ", "))
+			}
+		}
+		return api.Empty{}, err
+	}
+	kv, err := g.snapshotKV(ctx)
+	if err != nil {
+		return api.Empty{}, err
+	}
+	if err := kv.Purge(ctx, rec.Name); err != nil {
+		return api.Empty{}, fmt.Errorf("snapshots: delete %s: %w", rec.Name, err)
+	}
+	return api.Empty{}, nil
+}
+
+// fork creates a sandbox from a snapshot: a new record and id, its own perimeter (placeholders,
+// network, MITM policy) with the parent's egress configuration, and a VM restored from the
+// snapshot's memory. A damaged snapshot or a refused source leaves nothing behind.
+func (g *Gateway) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, error) {
+	name, err := api.ParseName(r.Name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.reg.Get(ctx, name); err == nil {
+		return nil, errdefs.Conflict("sandbox %s already exists", name)
+	}
+	rec, err := g.getSnapshot(ctx, r.Source)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
+		// Not a snapshot: a sandbox to snapshot first?
+		src, perr := api.ParseName(r.Source)
+		if perr != nil {
+			return nil, err
+		}
+		if _, gerr := g.reg.Get(ctx, src); gerr != nil {
+			return nil, errdefs.NotFound("no snapshot or sandbox named %s", r.Source)
+		}
+		rec, err = g.snapshot(ctx, src, hostname(name)+"-base", "fork")
+	}
+	if err != nil {
+		return nil, err
+	}
+	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: rec.Image, MemoryMiB: rec.MemoryMiB, VCPUs: rec.VCPUs,
+		Agent: rec.Agent, Egress: rec.Egress, Secrets: rec.Secrets, Volumes: rec.Volumes, NoPortForward: rec.NoPortForward, Host: rec.Host}
+	if err := g.reg.Create(ctx, sb); err != nil {
+		return nil, err
+	}
+	if err := g.bootFork(ctx, sb, rec.Name, r.Progress); err != nil {
+		if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrRefused) || errors.Is(err, errdefs.ErrNotFound) {
+			// Refused before any VM started (a damaged snapshot, say): leave nothing behind.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			g.vmm(sb.Host).Remove(rctx, sb.ID)
+			cancel()
+			g.forget(sb)
+			return nil, err
+		}
+		return sb, err
+	}
+	return sb, nil
+}
+
+// bootFork is boot for a fork: the same perimeter steps, then the vmm restores instead of booting.
+func (g *Gateway) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress string) error {
+	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
+		return err
+	}
+	prof, err := profile.Get(sb.Agent)
+	if err != nil {
+		g.fail(sb, err)
+		return err
+	}
+	plan, err := planFromRecord(sb)
+	if err != nil {
+		g.fail(sb, err)
+		return err
+	}
+	perim, err := g.setupPerimeter(ctx, sb, prof, plan)
+	if err != nil {
+		err = fmt.Errorf("egress perimeter: %w", err)
+		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
+		g.fail(sb, err)
+		return err
+	}
+	if len(perim.mounts) > 0 {
+		// The restored machine has exactly the parent's devices, and the parent had no mounts.
+		g.log.Info().Str("sandbox", sb.Name).Msg("fork: the profile's live credential mount is not attached to a fork")
+	}
+	req := vmmapi.ForkRequest{ID: sb.ID, Name: sb.Name, Snapshot: snap, Hostname: hostname(sb.Name), Env: perim.env,
+		NetSocket: perim.netSocket, NoPortForward: sb.NoPortForward, Progress: progress}
+	if _, err := g.vmm(sb.Host).Fork(ctx, req); err != nil {
+		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
+		g.fail(sb, err)
+		return err
+	}
+	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
+}
+
+var volumeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// parseNamedMounts parses --mount-named NAME:GUEST[,kind=disk].
+func parseNamedMounts(specs []string) ([]api.Volume, error) {
+	var out []api.Volume
+	seen := map[string]bool{}
+	for _, s := range specs {
+		main, opts, _ := strings.Cut(s, ",")
+		n, guest, ok := strings.Cut(main, ":")
+		if !ok || !volumeNameRE.MatchString(n) || !strings.HasPrefix(guest, "/") || strings.ContainsAny(guest, ":\n") {
+			return nil, errdefs.Invalid("invalid --mount-named %q: use NAME:/guest/path[,kind=disk] (NAME: 1-63 of a-z 0-9 - _)", s)
+		}
+		for _, o := range strings.Split(opts, ",") {
+			if o != "" && o != "kind=disk" {
+				return nil, errdefs.Invalid("invalid --mount-named %q: the only option is kind=disk", s)
+			}
+		}
+		if seen[n] {
+			return nil, errdefs.Invalid("invalid --mount-named %q: volume %s is named twice", s, n)
+		}
+		seen[n] = true
+		out = append(out, api.Volume{Name: n, Guest: guest})
+	}
+	return out, nil
+}
+
+func vmmVolumes(vs []api.Volume) []vmmapi.Volume {
+	var out []vmmapi.Volume
+	for _, v := range vs {
+		out = append(out, vmmapi.Volume{Name: v.Name, Guest: v.Guest})
+	}
+	return out
+}
+
+// volumeList lists the named volumes of every host that has sandboxes.
+func (g *Gateway) volumeList(ctx context.Context, _ api.Empty) ([]api.VolumeView, error) {
+	all, err := g.reg.List(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]*api.Sandbox{}
+	hosts := map[string]bool{g.cfg.Host: true}
+	for _, sb := range all {
+		byID[sb.ID] = sb
+		hosts[sb.Host] = true
+	}
+	out := []api.VolumeView{}
+	for h := range hosts {
+		list, err := g.vmm(h).Volumes(ctx)
+		if err != nil {
+			continue
+		}
+		for _, v := range list {
+			vv := api.VolumeView{SandboxID: v.SandboxID, Name: v.Name, SizeBytes: v.SizeBytes, UsedBytes: v.UsedBytes, Host: h}
+			if sb := byID[v.SandboxID]; sb != nil {
+				vv.Sandbox = sb.Name
+				for _, x := range sb.Volumes {
+					if x.Name == v.Name {
+						vv.Guest = x.Guest
+					}
+				}
+			}
+			out = append(out, vv)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Sandbox != out[j].Sandbox {
+			return out[i].Sandbox < out[j].Sandbox
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, nil
+}
+
+// volumeRemove deletes a stopped sandbox's volume and drops it from the record.
+func (g *Gateway) volumeRemove(ctx context.Context, r api.VolumeRemoveRequest) (api.Empty, error) {
+	name, err := api.ParseName(r.Sandbox)
+	if err != nil {
+		return api.Empty{}, err
+	}
+	sb, err := g.reg.Get(ctx, name)
+	if err != nil {
+		return api.Empty{}, err
+	}
+	switch sb.State {
+	case api.StateRunning, api.StatePaused, api.StateStarting, api.StateStopping:
+		return api.Empty{}, errdefs.Conflict("volume %s of sandbox %s is in use (the sandbox is %s): stop it first", r.Volume, sb.Name, sb.State)
+	}
+	if err := g.vmm(sb.Host).VolumeRemove(ctx, vmmapi.VolumeRequest{SandboxID: sb.ID, Name: r.Volume}); err != nil {
+		return api.Empty{}, err
+	}
+	var keep []api.Volume
+	for _, v := range sb.Volumes {
+		if v.Name != r.Volume {
+			keep = append(keep, v)
+		}
+	}
+	if len(keep) != len(sb.Volumes) {
+		sb.Volumes = keep
+		if err := g.reg.Update(ctx, sb); err != nil {
+			return api.Empty{}, err
+		}
+	}
+	return api.Empty{}, nil
+}

@@ -1,0 +1,536 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/IniZio/nexus/pkg/agentproto"
+	api "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/guest"
+	"github.com/IniZio/nexus/services/vmm/image"
+	"github.com/IniZio/nexus/services/vmm/qemu"
+)
+
+// Snapshots and forks (DESIGN §4). A snapshot of a running sandbox is a directory
+// $NEXUS_HOME/snapshots/<name>/ holding
+//
+//	state          the device state (QEMU migration stream with x-ignore-shared, tens of KB)
+//	ram            a sparse copy of the guest RAM file, exactly MemoryMiB MiB long
+//	disk.qcow2     a copy of the sandbox's disk overlay (backed by the read-only base image)
+//	volumes/*.ext4 copies of its named volumes
+//	snapshot.json  api.SnapshotInfo
+//
+// It is assembled in a temporary directory and renamed into place, so a crash leaves either a
+// whole snapshot or none. The parent is stopped while state, RAM and disk are copied, then resumes.
+//
+// A fork is a new QEMU that maps ram privately (share=off: pages come lazily from the page cache
+// of the file and are copied on first write, so idle forks share them) over its own qcow2 overlay
+// whose backing file is the snapshot's disk.qcow2, loads the device state and continues. The guest
+// agent is reached again with a fresh handshake, then gets the fork's hostname, environment and
+// clock. The fork's directory records the snapshot in the file "snapshot".
+
+// snapshotFile, in a fork's sandbox directory, names the snapshot its disk is backed by.
+const snapshotFile = "snapshot"
+
+func (s *Service) snapshotDir(name string) string { return filepath.Join(s.cfg.Home.Snapshots(), name) }
+
+func ramFile(dir string) string   { return filepath.Join(dir, "ram") }
+func stateFile(dir string) string { return filepath.Join(dir, "state") }
+func diskFile(dir string) string  { return filepath.Join(dir, "disk.qcow2") }
+func metaFile(dir string) string  { return filepath.Join(dir, "snapshot.json") }
+func snapVolume(dir, name string) string {
+	return filepath.Join(dir, "volumes", name+".ext4")
+}
+
+// snapshotCreate stops the sandbox's vCPUs, saves device state, RAM, disk and volumes into a new
+// snapshot, and resumes the sandbox (unless it was paused before).
+func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (api.SnapshotInfo, error) {
+	if err := api.CheckSnapshotName(r.Snapshot); err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	m, err := s.get(r.ID)
+	if err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	spec := m.vm.Spec()
+	if spec.Kernel == "" {
+		return api.SnapshotInfo{}, errdefs.Unavailable("snapshot: sandbox %s was started by an older vmm; stop and start it first", m.name)
+	}
+	if len(spec.Mounts) > 0 {
+		op := r.Op
+		if op != "fork" {
+			op = "snapshot create"
+		}
+		return api.SnapshotInfo{}, s.mountRefusal(ctx, m, spec, op)
+	}
+	final := s.snapshotDir(r.Snapshot)
+	if _, err := os.Stat(final); err == nil {
+		return api.SnapshotInfo{}, errdefs.Conflict("snapshot %s already exists", r.Snapshot)
+	}
+	img, _ := os.ReadFile(filepath.Join(m.dir, imageFile))
+	info := api.SnapshotInfo{
+		Name: r.Snapshot, Host: s.cfg.Host, ParentID: m.id, Image: strings.TrimSpace(string(img)),
+		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: m.vm.Accel, Net: spec.NetSocket != "",
+		KernelVersion: spec.KernelVersion, Created: time.Now().UTC(),
+	}
+	for _, d := range spec.ExtraDisks {
+		info.Volumes = append(info.Volumes, api.Volume{Name: strings.TrimSuffix(filepath.Base(d.Path), ".ext4")})
+	}
+	if err := os.MkdirAll(s.cfg.Home.Snapshots(), 0o700); err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	tmp, err := os.MkdirTemp(s.cfg.Home.Snapshots(), ".tmp-"+r.Snapshot+"-")
+	if err != nil {
+		return api.SnapshotInfo{}, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			os.RemoveAll(tmp)
+		}
+	}()
+	st, err := m.vm.Status(ctx)
+	if err != nil {
+		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
+	}
+	wasPaused := st == "paused"
+	paused := time.Now()
+	err = s.capture(ctx, m, spec, tmp, &info)
+	if !wasPaused {
+		if rerr := m.vm.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("resume after snapshot: %w", rerr))
+		}
+		info.PausedMillis = time.Since(paused).Milliseconds()
+		// The guest clock stood still while stopped.
+		now := time.Now()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		m.agent.Configure(cctx, agentproto.ConfigureRequest{Time: &now})
+		cancel()
+	}
+	if err != nil {
+		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
+	}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	if err := writeFileSync(metaFile(tmp), b); err != nil {
+		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY) {
+			return api.SnapshotInfo{}, errdefs.Conflict("snapshot %s already exists", r.Snapshot)
+		}
+		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
+	}
+	committed = true
+	syncDir(s.cfg.Home.Snapshots())
+	s.log.Info().Str("sandbox", m.name).Str("snapshot", r.Snapshot).Int64("paused_ms", info.PausedMillis).
+		Int64("ram_data", info.RAMDataBytes).Msg("snapshot created")
+	return info, nil
+}
+
+// capture writes state, RAM, disk and volumes of a stopped-by-SaveState VM into dir.
+func (s *Service) capture(ctx context.Context, m *machine, spec qemu.VMSpec, dir string, info *api.SnapshotInfo) error {
+	if err := m.vm.SaveState(ctx, stateFile(dir)); err != nil {
+		return err
+	}
+	// After the migration QEMU has flushed and released the disks; the RAM file is quiescent.
+	n, err := copySparse(m.vm.RAMPath(), ramFile(dir))
+	if err != nil {
+		return fmt.Errorf("ram: %w", err)
+	}
+	info.RAMDataBytes = n
+	if _, err := copySparse(spec.Disk, diskFile(dir)); err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	for i, d := range spec.ExtraDisks {
+		if err := os.MkdirAll(filepath.Join(dir, "volumes"), 0o700); err != nil {
+			return err
+		}
+		if _, err := copySparse(d.Path, snapVolume(dir, info.Volumes[i].Name)); err != nil {
+			return fmt.Errorf("volume %s: %w", info.Volumes[i].Name, err)
+		}
+	}
+	for p, dst := range map[string]*int64{stateFile(dir): &info.StateBytes, ramFile(dir): &info.RAMBytes, diskFile(dir): &info.DiskBytes} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		*dst = fi.Size()
+	}
+	if info.RAMBytes != int64(spec.MemoryMiB)<<20 {
+		return fmt.Errorf("ram: the RAM file is %d bytes, expected %d", info.RAMBytes, int64(spec.MemoryMiB)<<20)
+	}
+	return nil
+}
+
+// mountRefusal names every host→guest pair of a sandbox's 9p mounts.
+func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec, op string) error {
+	guestOf := map[string]string{}
+	var out strings.Builder
+	if st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"cat", "/proc/mounts"}}, nil, &out, io.Discard, nil); err == nil && st.Code == 0 {
+		for _, l := range strings.Split(out.String(), "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 3 && f[2] == "9p" {
+				guestOf[f[0]] = f[1]
+			}
+		}
+	}
+	var pairs []string
+	for i, mt := range spec.Mounts {
+		tag := mt.Tag
+		if tag == "" {
+			tag = fmt.Sprintf("nexus%d", i)
+		}
+		g := guestOf[tag]
+		if g == "" {
+			g = "(not mounted)"
+		}
+		pairs = append(pairs, mt.HostPath+"→"+g)
+	}
+	return errdefs.Refused("%s refused: sandbox %s has live mounts %s; snapshots and forks of a mounted sandbox are not supported", op, m.name, strings.Join(pairs, ", "))
+}
+
+// loadSnapshot reads a snapshot's record and checks, in O(1), that its files have the lengths
+// recorded: a truncated or damaged snapshot is refused before any fork starts from it.
+func (s *Service) loadSnapshot(name string) (api.SnapshotInfo, string, error) {
+	var info api.SnapshotInfo
+	if err := api.CheckSnapshotName(name); err != nil {
+		return info, "", err
+	}
+	dir := s.snapshotDir(name)
+	b, err := os.ReadFile(metaFile(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return info, "", errdefs.NotFound("no snapshot named %s on host %s", name, s.cfg.Host)
+	}
+	if err != nil {
+		return info, "", err
+	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		return info, "", errdefs.Refused("snapshot %s is damaged: its record does not parse", name)
+	}
+	want := int64(info.MemoryMiB) << 20
+	checks := []struct {
+		what string
+		path string
+		size int64
+	}{
+		{"RAM file", ramFile(dir), want},
+		{"RAM file", ramFile(dir), info.RAMBytes},
+		{"device state", stateFile(dir), info.StateBytes},
+		{"disk", diskFile(dir), info.DiskBytes},
+	}
+	for _, c := range checks {
+		fi, err := os.Stat(c.path)
+		if err != nil {
+			return info, "", errdefs.Refused("snapshot %s is damaged: its %s is missing; no fork was started", name, c.what)
+		}
+		if fi.Size() != c.size || c.size <= 0 {
+			return info, "", errdefs.Refused("snapshot %s is damaged: its %s is %d bytes, expected %d; no fork was started", name, c.what, fi.Size(), c.size)
+		}
+	}
+	for _, v := range info.Volumes {
+		if _, err := os.Stat(snapVolume(dir, v.Name)); err != nil {
+			return info, "", errdefs.Refused("snapshot %s is damaged: volume %s is missing; no fork was started", name, v.Name)
+		}
+	}
+	return info, dir, nil
+}
+
+// fork boots a new sandbox's VM from a snapshot.
+func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartResponse, error) {
+	s.snapMu.RLock()
+	defer s.snapMu.RUnlock()
+	info, sdir, err := s.loadSnapshot(r.Snapshot)
+	if err != nil {
+		return api.StartResponse{}, err
+	}
+	if info.Net != (r.NetSocket != "") {
+		return api.StartResponse{}, errdefs.Invalid("fork of %s: the snapshot's VM %s a network device; the fork must match", r.Snapshot, map[bool]string{true: "has", false: "has no"}[info.Net])
+	}
+	if !sandboxIDRe.MatchString(r.ID) {
+		return api.StartResponse{}, errdefs.Invalid("fork: bad sandbox id %q", r.ID)
+	}
+	s.mu.Lock()
+	_, running := s.vms[r.ID]
+	s.mu.Unlock()
+	if running {
+		return api.StartResponse{}, errdefs.Conflict("sandbox %s is already running", r.Name)
+	}
+	p := &steps{s: s, subject: r.Progress, last: time.Now()}
+	bf, err := s.prepare(ctx, p)
+	if err != nil {
+		return api.StartResponse{}, err
+	}
+	dir := s.cfg.Home.Sandbox(r.ID)
+	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err == nil {
+		return api.StartResponse{}, errdefs.Conflict("sandbox %s already has a disk; a fork needs a new sandbox", r.Name)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return api.StartResponse{}, wrap("disk", err)
+	}
+	if err := setPortForward(dir, !r.NoPortForward); err != nil {
+		return api.StartResponse{}, wrap("disk", err)
+	}
+	disk := filepath.Join(dir, "disk.qcow2")
+	if err := writeFileSync(filepath.Join(dir, imageFile), []byte(info.Image+"\n")); err != nil {
+		return api.StartResponse{}, wrap("disk", err)
+	}
+	if err := writeFileSync(filepath.Join(dir, snapshotFile), []byte(r.Snapshot+"\n")); err != nil {
+		return api.StartResponse{}, wrap("disk", err)
+	}
+	if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", diskFile(sdir), disk).CombinedOutput(); err != nil {
+		return api.StartResponse{}, wrap("disk", fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out))))
+	}
+	p.finish("disk")
+	spec := qemu.VMSpec{
+		ID: r.ID, Dir: dir, Kernel: bf.kernel.VmlinuxPath, KernelVersion: bf.kernel.Version, Initrd: bf.initrd,
+		Hostname: r.Hostname, MemoryMiB: info.MemoryMiB, VCPUs: info.VCPUs, Disk: disk, NetSocket: r.NetSocket,
+		MAC: qemu.MACFor(info.ParentID), RAMPath: ramFile(sdir),
+	}
+	if spec.Kernel == "" {
+		spec.Kernel = bf.kernel.VmlinuzPath
+	}
+	for _, v := range info.Volumes {
+		dst := s.volumePath(r.ID, v.Name)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			return api.StartResponse{}, wrap("volumes", err)
+		}
+		if _, err := copySparse(snapVolume(sdir, v.Name), dst); err != nil {
+			return api.StartResponse{}, wrap("volumes", err)
+		}
+		spec.ExtraDisks = append(spec.ExtraDisks, qemu.Disk{Path: dst, Format: "raw"})
+	}
+	vm, err := s.drv.Restore(ctx, spec, stateFile(sdir))
+	if err != nil {
+		return api.StartResponse{}, wrap("restore", err)
+	}
+	m := &machine{id: r.ID, name: r.Name, dir: dir, vm: vm}
+	fail := func(step string, err error) (api.StartResponse, error) {
+		m.stopping = true
+		vm.Kill()
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		vm.Wait(wctx)
+		cancel()
+		m.teardown()
+		return api.StartResponse{}, wrap(step, err)
+	}
+	if vm.Accel != info.Accel {
+		return fail("restore", errdefs.Unavailable("snapshot %s was taken under %s but this host runs %s", r.Snapshot, info.Accel, vm.Accel))
+	}
+	p.finish("restore")
+	bctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
+	defer cancel()
+	agent, err := s.dialAgent(bctx, m)
+	if err != nil {
+		return fail("agent", err)
+	}
+	m.agent = agent
+	p.finish("agent")
+	now := time.Now()
+	if err := agent.Configure(bctx, agentproto.ConfigureRequest{Hostname: r.Hostname, Env: r.Env, Time: &now}); err != nil {
+		return fail("configure", err)
+	}
+	p.finish("configure")
+	s.serve(m)
+	return api.StartResponse{PID: vm.Pid, Accel: vm.Accel, Steps: p.done}, nil
+}
+
+// children are the ids of running VMs that map the snapshot's RAM.
+func (s *Service) children(name string) []string {
+	ram := ramFile(s.snapshotDir(name))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for id, m := range s.vms {
+		if m.vm.RAMPath() == ram && !m.vm.Exited() {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func (s *Service) snapshotChildren(ctx context.Context, r api.SnapshotName) (api.SnapshotChildren, error) {
+	if err := api.CheckSnapshotName(r.Snapshot); err != nil {
+		return api.SnapshotChildren{}, err
+	}
+	return api.SnapshotChildren{IDs: s.children(r.Snapshot)}, nil
+}
+
+// snapshotRemove deletes a snapshot. Live children are refused (they would fault on pages of a
+// file that is gone); stopped children have their disk rebased onto the base image first so they
+// still boot.
+func (s *Service) snapshotRemove(ctx context.Context, r api.SnapshotName) (api.Empty, error) {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if err := api.CheckSnapshotName(r.Snapshot); err != nil {
+		return api.Empty{}, err
+	}
+	dir := s.snapshotDir(r.Snapshot)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return api.Empty{}, errdefs.NotFound("no snapshot named %s on host %s", r.Snapshot, s.cfg.Host)
+	}
+	if ids := s.children(r.Snapshot); len(ids) > 0 {
+		return api.Empty{}, errdefs.Refused("snapshot %s is in use by live sandboxes %s: remove them first (there is no --force)", r.Snapshot, strings.Join(ids, ", "))
+	}
+	var info api.SnapshotInfo
+	if b, err := os.ReadFile(metaFile(dir)); err == nil {
+		json.Unmarshal(b, &info)
+	}
+	dependants, _ := filepath.Glob(filepath.Join(s.cfg.Home.Sandboxes(), "*", snapshotFile))
+	for _, f := range dependants {
+		b, err := os.ReadFile(f)
+		if err != nil || strings.TrimSpace(string(b)) != r.Snapshot {
+			continue
+		}
+		if err := s.detach(ctx, filepath.Dir(f), info.Image); err != nil {
+			return api.Empty{}, fmt.Errorf("snapshot rm %s: stopped fork %s: %w", r.Snapshot, filepath.Base(filepath.Dir(f)), err)
+		}
+	}
+	trash, err := os.MkdirTemp(s.cfg.Home.Snapshots(), ".rm-"+r.Snapshot+"-")
+	if err != nil {
+		return api.Empty{}, err
+	}
+	if err := os.Rename(dir, filepath.Join(trash, "x")); err != nil {
+		os.Remove(trash)
+		return api.Empty{}, fmt.Errorf("snapshot rm %s: %w", r.Snapshot, err)
+	}
+	return api.Empty{}, os.RemoveAll(trash)
+}
+
+// detach rebases a stopped fork's disk overlay from the snapshot's disk onto the base image
+// (qemu-img's safe rebase copies what differs), so the fork no longer needs the snapshot.
+func (s *Service) detach(ctx context.Context, dir, imageName string) error {
+	base, err := image.Path(s.cfg.Home, imageName)
+	if err != nil {
+		return err
+	}
+	disk := filepath.Join(dir, "disk.qcow2")
+	if _, err := os.Stat(disk); err == nil {
+		out, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "-f", "qcow2", "-F", "raw", "-b", base, disk).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("qemu-img rebase: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	return os.Remove(filepath.Join(dir, snapshotFile))
+}
+
+// snapshotList reads the snapshots on this host.
+func (s *Service) snapshotList(ctx context.Context, _ api.Empty) ([]api.SnapshotInfo, error) {
+	metas, _ := filepath.Glob(filepath.Join(s.cfg.Home.Snapshots(), "*", "snapshot.json"))
+	out := []api.SnapshotInfo{}
+	for _, p := range metas {
+		if strings.HasPrefix(filepath.Base(filepath.Dir(p)), ".") {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var info api.SnapshotInfo
+		if json.Unmarshal(b, &info) == nil {
+			out = append(out, info)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// cleanSnapshotTemps removes what a crash mid-snapshot or mid-remove left behind.
+func (s *Service) cleanSnapshotTemps() {
+	for _, pat := range []string{".tmp-*", ".rm-*"} {
+		left, _ := filepath.Glob(filepath.Join(s.cfg.Home.Snapshots(), pat))
+		for _, d := range left {
+			os.RemoveAll(d)
+		}
+	}
+}
+
+// copySparse copies src to a new file dst, skipping holes (SEEK_DATA/SEEK_HOLE), with
+// copy_file_range where the kernel offers it. It returns the bytes of data copied; dst has src's
+// length.
+func copySparse(src, dst string) (int64, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return 0, err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	size := fi.Size()
+	var copied int64
+	fail := func(err error) (int64, error) {
+		out.Close()
+		os.Remove(dst)
+		return 0, err
+	}
+	if err := out.Truncate(size); err != nil {
+		return fail(err)
+	}
+	fd := int(in.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fail(err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return fail(err)
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return fail(err)
+		}
+		n, err := out.ReadFrom(io.LimitReader(in, hole-data))
+		copied += n
+		if err != nil {
+			return fail(err)
+		}
+		if n != hole-data {
+			return fail(fmt.Errorf("copy %s: short copy", src))
+		}
+		off = hole
+	}
+	if err := out.Sync(); err != nil {
+		return fail(err)
+	}
+	return copied, out.Close()
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(b)
+	return errors.Join(werr, f.Sync(), f.Close())
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
