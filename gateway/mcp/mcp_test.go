@@ -355,13 +355,13 @@ func TestExecOutputLimits(t *testing.T) {
 
 func TestCaptureKeepsWholeRunes(t *testing.T) {
 	c := &capture{limit: 8}
-	c.write([]byte("abcdefg"))
-	c.write([]byte("é!")) // é straddles the limit
+	c.Write([]byte("abcdefg"))
+	c.Write([]byte("é!")) // é straddles the limit
 	if c.text() != "abcdefg" || !c.truncated() || c.total != 10 {
 		t.Errorf("text %q total %d", c.text(), c.total)
 	}
 	c = &capture{limit: 8}
-	c.write([]byte("abcdef"))
+	c.Write([]byte("abcdef"))
 	c.Write([]byte("é"))
 	if c.text() != "abcdefé" || c.truncated() {
 		t.Errorf("exact fit: %q", c.text())
