@@ -80,18 +80,17 @@ func TestBootDevices(t *testing.T) {
 	share := t.TempDir()
 	os.WriteFile(filepath.Join(share, "hello"), []byte("from-host"), 0o644)
 
-	// The netstack side: QEMU connects as a client.
+	// QEMU listens on the network socket; the netstack side dials it (and redials after a
+	// restart), as services/netstack does.
 	netSock := filepath.Join(t.TempDir(), "net.sock")
-	ln, err := net.Listen("unix", netSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
+		for range 600 {
+			if c, err := net.Dial("unix", netSock); err == nil {
+				accepted <- c
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}()
 	extra := filepath.Join(dir, "extra.raw")
@@ -147,7 +146,7 @@ func TestBootDevices(t *testing.T) {
 	case c := <-accepted:
 		c.Close()
 	case <-time.After(5 * time.Second):
-		t.Error("qemu never connected to the netstack socket")
+		t.Error("qemu never accepted a connection on the network socket")
 	}
 	// The test init powers off: QEMU must exit by itself.
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
