@@ -49,7 +49,7 @@ func ParseGlob(s string) (Glob, error) {
 			return Glob{}, errdefs.Invalid("pattern %q: ** must be a whole segment", clip(s))
 		}
 	}
-	return Glob{src: s, segs: segs}, nil
+	return Glob{src: s, segs: compileSegs(segs)}, nil
 }
 
 // MustGlob is ParseGlob for patterns known to be valid.
@@ -64,7 +64,8 @@ func MustGlob(s string) Glob {
 // String is the pattern as written.
 func (g Glob) String() string { return g.src }
 
-// Match reports whether name matches the pattern.
+// Match reports whether name matches the pattern, in time linear in the product of the
+// pattern's and the name's lengths however many ** the pattern holds.
 func (g Glob) Match(name string) bool {
 	if g.segs == nil {
 		return false
@@ -72,27 +73,49 @@ func (g Glob) Match(name string) bool {
 	return matchSegs(g.segs, strings.Split(name, "/"))
 }
 
-func matchSegs(pat, name []string) bool {
-	for len(pat) > 0 {
-		if pat[0] == "**" {
-			rest := pat[1:]
-			min := 0
-			if len(rest) == 0 {
-				min = 1 // a trailing ** covers what is below, not the directory itself
-			}
-			for k := min; k <= len(name); k++ {
-				if matchSegs(rest, name[k:]) {
-					return true
-				}
-			}
-			return false
+// compileSegs rewrites a pattern's segments for matchSegs: repeated ** collapse into one, and a
+// trailing ** (one or more segments) becomes "*" (exactly one, possibly empty) followed by "**"
+// (zero or more).
+func compileSegs(segs []string) []string {
+	var out []string
+	for _, s := range segs {
+		if s == "**" && len(out) > 0 && out[len(out)-1] == "**" {
+			continue
 		}
-		if len(name) == 0 || !matchSeg(pat[0], name[0]) {
-			return false
-		}
-		pat, name = pat[1:], name[1:]
+		out = append(out, s)
 	}
-	return len(name) == 0
+	if n := len(out); n > 0 && out[n-1] == "**" {
+		out = append(out[:n-1], "*", "**")
+	}
+	return out
+}
+
+// matchSegs is the classic greedy wildcard match over segments: "**" matches any run of
+// segments, every other pattern segment exactly one; on a mismatch only the latest ** is
+// widened.
+func matchSegs(pat, name []string) bool {
+	pi, ni := 0, 0
+	star, mark := -1, 0
+	for ni < len(name) {
+		switch {
+		case pi < len(pat) && pat[pi] == "**":
+			star, mark = pi, ni
+			pi++
+		case pi < len(pat) && matchSeg(pat[pi], name[ni]):
+			pi++
+			ni++
+		case star >= 0:
+			pi = star + 1
+			mark++
+			ni = mark
+		default:
+			return false
+		}
+	}
+	for pi < len(pat) && pat[pi] == "**" {
+		pi++
+	}
+	return pi == len(pat)
 }
 
 // matchSeg matches one segment against a pattern with * wildcards (linear-time two-pointer).

@@ -1,6 +1,10 @@
 package httppolicy
 
-import "testing"
+import (
+	"strings"
+	"testing"
+	"time"
+)
 
 func TestGlob(t *testing.T) {
 	for _, tc := range []struct {
@@ -82,7 +86,12 @@ func FuzzGlobMatch(f *testing.F) {
 		if err != nil {
 			return
 		}
-		g.Match(name)
+		got := g.Match(name)
+		if len(pat) <= 16 && len(name) <= 24 {
+			if want := naiveMatch(strings.Split(pat, "/"), strings.Split(name, "/")); got != want {
+				t.Fatalf("%q.Match(%q) = %v, naive %v", pat, name, got, want)
+			}
+		}
 		if !g.Match(pat) && !containsWild(pat) {
 			t.Fatalf("literal pattern %q does not match itself", pat)
 		}
@@ -96,4 +105,55 @@ func containsWild(s string) bool {
 		}
 	}
 	return false
+}
+
+func TestGlobManyStars(t *testing.T) {
+	g := MustGlob("/" + strings.Repeat("**/", 100) + "x")
+	name := "/" + strings.Repeat("a/", 2000) + "y"
+	start := time.Now()
+	if g.Match(name) {
+		t.Fatal("matched")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("match took %v", d)
+	}
+	if !g.Match("/" + strings.Repeat("a/", 200) + "x") {
+		t.Fatal("no match")
+	}
+}
+
+// naiveMatch is the reference semantics: ** at the end is one or more segments, elsewhere zero
+// or more; * is any run within a segment.
+func naiveMatch(pat, name []string) bool {
+	if len(pat) == 0 {
+		return len(name) == 0
+	}
+	if pat[0] == "**" {
+		min := 0
+		if len(pat) == 1 {
+			min = 1
+		}
+		for k := min; k <= len(name); k++ {
+			if naiveMatch(pat[1:], name[k:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return len(name) > 0 && naiveSeg(pat[0], name[0]) && naiveMatch(pat[1:], name[1:])
+}
+
+func naiveSeg(p, s string) bool {
+	if p == "" {
+		return s == ""
+	}
+	if p[0] == '*' {
+		for k := 0; k <= len(s); k++ {
+			if naiveSeg(p[1:], s[k:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return s != "" && p[0] == s[0] && naiveSeg(p[1:], s[1:])
 }
