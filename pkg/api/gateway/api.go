@@ -8,6 +8,7 @@ import (
 
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/config"
 )
 
 // Verbs on nexus.gateway.<verb>.
@@ -41,6 +42,9 @@ type CreateRequest struct {
 	MountNamed    []string          `json:"mount_named,omitempty"` // name:guest[,kind=disk]
 	NoPortForward bool              `json:"no_port_forward,omitempty"`
 	Ephemeral     bool              `json:"ephemeral,omitempty"`
+	// Config is the project's .nexus/config.yaml (or --config), parsed and validated by the CLI;
+	// the gateway validates it again.
+	Config *config.Config `json:"config,omitempty"`
 	// Progress, when set, receives boot steps (vmm.Step JSON) as they finish.
 	Progress string `json:"progress,omitempty"`
 }

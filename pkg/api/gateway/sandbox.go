@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -111,6 +112,9 @@ type Sandbox struct {
 	StartedAt     time.Time         `json:"started_at,omitzero"`
 	// Revision is the KV revision this copy was read at; updates are checked against it.
 	Revision uint64 `json:"revision,omitempty"`
+	// Config is the .nexus/config.yaml the sandbox was created with: its egress.policy gates
+	// requests (pkg/httppolicy), its allow and secrets joined the allowlist and the bindings.
+	Config *config.Config `json:"config,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
