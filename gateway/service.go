@@ -108,6 +108,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			bus.Handle(s, "secret-list", sub(api.VerbSecretList), g.secretList),
 			bus.Handle(s, "secret-rm", sub(api.VerbSecretRemove), g.secretRemove),
 			bus.Handle(s, "egress-show", sub(api.VerbEgressShow), g.egressShow),
+			bus.Handle(s, "egress-explain", sub(api.VerbEgressExplain), g.egressExplain),
 			bus.Handle(s, "image", sub(api.VerbImage), g.image),
 			bus.Handle(s, "ports", sub(verbPorts), g.ports),
 			bus.Handle(s, "snapshot-create", sub(api.VerbSnapshotCreate), g.snapshotCreate),
