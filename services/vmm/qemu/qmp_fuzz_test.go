@@ -66,7 +66,7 @@ func TestArgs(t *testing.T) {
 	s.NetSocket, s.Net = "/n.sock", &GuestNet{IP: "10.0.0.2/24", Gateway: "10.0.0.1", DNS: "10.0.0.1"}
 	s.Mounts = []Mount{{HostPath: "/h", ReadOnly: true}}
 	args = strings.Join(s.args(AccelKVM, "/dev/shm/x.ram", timeZero), " ")
-	for _, want := range []string{"-netdev stream,id=net0,server=off,addr.type=unix,addr.path=/n.sock", "virtio-net-device,netdev=net0",
+	for _, want := range []string{"-netdev stream,id=net0,server=on,addr.type=unix,addr.path=/n.sock", "virtio-net-device,netdev=net0",
 		"-accel kvm", "-cpu host", "security_model=none,readonly=on", "mount_tag=nexus0", "nexus.ip=10.0.0.2/24", "nexus.gw=10.0.0.1", "nexus.dns=10.0.0.1"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args lack %q: %s", want, args)
