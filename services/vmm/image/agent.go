@@ -26,27 +26,27 @@ const ClaudePath = "/usr/local/bin/claude"
 // npmCacheInRoot is where the host's npm download cache is bind-mounted during the build.
 const npmCacheInRoot = "/var/cache/nexus-npm"
 
-// buildAgentBase is nexus-base plus Debian's nodejs and npm, then `npm install -g` of
-// AgentNPMPackages run with the image's own npm inside the root (chroot). The chroot runs in a
-// private mount namespace, so the bind mounts it needs (the npm cache under the download cache,
-// /proc, /dev) exist only for the processes of the build and vanish with them: nothing is left
+// buildAgentBase is nexus-base plus Debian's nodejs and npm (apt-get in the root), then
+// `npm install -g` of AgentNPMPackages run with the image's own npm inside the root (chroot). The chroot runs in a
+// private mount namespace, so the bind mounts it needs (apt and npm caches under the download
+// cache, /proc, /dev) exist only for the processes of the build and vanish with them: nothing is left
 // mounted under the build directory, even when the build is killed.
 func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progress) error {
 	if err := needTools("chroot", "mount"); err != nil {
 		return err
 	}
-	scaled := func(step string, frac float64) { progress(step, frac*0.6) }
-	packages := append(append([]string{}, BasePackages...), AgentPackages...)
-	if err := debootstrap(ctx, h, AgentBase, root, packages, scaled); err != nil {
+	scaled := func(step string, frac float64) { progress(step, frac*0.5) }
+	if err := debootstrap(ctx, h, AgentBase, root, BasePackages, scaled); err != nil {
 		return err
 	}
-	cache := filepath.Join(h.Cache(), "npm")
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return fmt.Errorf("image build %s: %w", AgentBase, err)
+	aptCache := filepath.Join(h.Cache(), "debs", "agent-apt")
+	npmCache := filepath.Join(h.Cache(), "npm")
+	for _, d := range []string{filepath.Join(aptCache, "partial"), npmCache, filepath.Join(root, npmCacheInRoot)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("image build %s: %w", AgentBase, err)
+		}
 	}
-	if err := os.MkdirAll(filepath.Join(root, npmCacheInRoot), 0o755); err != nil {
-		return fmt.Errorf("image build %s: %w", AgentBase, err)
-	}
+	binds := []bind{{aptCache, "/var/cache/apt/archives"}, {npmCache, npmCacheInRoot}}
 	// The chroot resolves names with the host's resolver for the duration of the install only.
 	resolv := filepath.Join(root, "etc", "resolv.conf")
 	hostResolv, _ := os.ReadFile("/etc/resolv.conf")
@@ -59,9 +59,23 @@ func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progr
 		os.WriteFile(resolv, nil, 0o644)
 	}()
 
-	progress("npm install -g "+strings.Join(AgentNPMPackages, " "), 0.62)
+	// debootstrap's resolver cannot install npm's dependency tree; apt in the root can. The debs
+	// stay in the download cache (the bind mount), so a rebuild fetches only the package lists.
+	progress("apt-get install "+strings.Join(AgentPackages, " "), 0.5)
+	aptInstall := "apt-get update -q && apt-get install -y -q --no-install-recommends " + strings.Join(AgentPackages, " ")
+	if _, err := inChroot(ctx, root, binds, aptInstall); err != nil {
+		return fmt.Errorf("image build %s: %w", AgentBase, err)
+	}
+	for _, glob := range []string{"var/lib/apt/lists/*_*", "var/cache/apt/*.bin", "var/log/apt/*", "var/log/dpkg.log"} {
+		m, _ := filepath.Glob(filepath.Join(root, glob))
+		for _, p := range m {
+			os.RemoveAll(p)
+		}
+	}
+
+	progress("npm install -g "+strings.Join(AgentNPMPackages, " "), 0.65)
 	install := "npm install -g --prefix /usr/local --no-audit --no-fund --no-update-notifier --loglevel=error --cache " + npmCacheInRoot + " " + strings.Join(AgentNPMPackages, " ")
-	if _, err := inChroot(ctx, root, cache, install); err != nil {
+	if _, err := inChroot(ctx, root, binds, install); err != nil {
 		return fmt.Errorf("image build %s: %w", AgentBase, err)
 	}
 	// The package's postinstall replaces a small stub with the native binary; a stub left in
@@ -77,7 +91,7 @@ func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progr
 		return fmt.Errorf("image build %s: %s is the npm package's stub, not the native agent (did its platform package install?)", AgentBase, ClaudePath)
 	}
 	progress("check claude --version", 0.85)
-	out, err := inChroot(ctx, root, cache, ClaudePath+" --version")
+	out, err := inChroot(ctx, root, binds, ClaudePath+" --version")
 	if err != nil {
 		return fmt.Errorf("image build %s: %s --version: %w", AgentBase, ClaudePath, err)
 	}
@@ -88,21 +102,28 @@ func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progr
 	return os.Remove(filepath.Join(root, npmCacheInRoot))
 }
 
-// inChroot runs script with /bin/sh inside root, in a private mount namespace with the npm
-// cache, /proc and /dev mounted, and returns its stdout.
-func inChroot(ctx context.Context, root, npmCache, script string) ([]byte, error) {
-	setup := `set -e
-mount --bind "$NPM_CACHE" "$ROOT` + npmCacheInRoot + `"
-mount -t proc proc "$ROOT/proc"
+// bind is a host directory mounted at a path inside the image root during the build.
+type bind struct{ host, guest string }
+
+// inChroot runs script with /bin/sh inside root, in a private mount namespace with binds, /proc
+// and /dev mounted, and returns its stdout.
+func inChroot(ctx context.Context, root string, binds []bind, script string) ([]byte, error) {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive",
+		"ROOT=" + root, "SCRIPT=" + script,
+	}
+	setup := "set -e\n"
+	for i, b := range binds {
+		env = append(env, fmt.Sprintf("BIND_HOST_%d=%s", i, b.host), fmt.Sprintf("BIND_GUEST_%d=%s", i, b.guest))
+		setup += fmt.Sprintf("mount --bind \"$BIND_HOST_%d\" \"$ROOT$BIND_GUEST_%d\"\n", i, i)
+	}
+	setup += `mount -t proc proc "$ROOT/proc"
 mount --rbind /dev "$ROOT/dev"
 exec chroot "$ROOT" /bin/sh -c "$SCRIPT"`
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", setup)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // Go makes / private in it
-	cmd.Env = []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=/root", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive",
-		"ROOT=" + root, "NPM_CACHE=" + npmCache, "SCRIPT=" + script,
-	}
+	cmd.Env = env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
