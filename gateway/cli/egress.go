@@ -275,6 +275,6 @@ func egressCommand() *cobra.Command {
 		},
 	}
 	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	eg.AddCommand(show)
+	eg.AddCommand(show, explainCommand())
 	return eg
 }

@@ -59,6 +59,7 @@ func createCommand() *cobra.Command {
 	var r api.CreateRequest
 	var labels []string
 	var asJSON bool
+	var configPath string
 	cmd := &cobra.Command{
 		Use:   "create [project/]NAME",
 		Short: "Create a sandbox and boot it; returns when its guest agent answers",
@@ -66,6 +67,9 @@ func createCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if r.Labels, err = api.ParseLabels(labels); err != nil {
+				return err
+			}
+			if r.Config, err = createConfig(configPath); err != nil {
 				return err
 			}
 			c, _, err := dial(cmd)
@@ -106,6 +110,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
 	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
+	f.StringVar(&configPath, "config", "", "project config (default: .nexus/config.yaml at the git root of the working directory)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

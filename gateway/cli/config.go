@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/config"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/httppolicy"
+)
+
+func init() { extraCommands = append(extraCommands, configCommand) }
+
+func configCommand() *cobra.Command {
+	cfg := &cobra.Command{Use: "config", Short: "Check a project's .nexus/config.yaml"}
+	var asJSON bool
+	check := &cobra.Command{
+		Use:   "check [PATH]",
+		Short: "Validate .nexus/config.yaml (default: at the git root of the working directory) and print the effective policy",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := ""
+			if len(args) == 1 {
+				path = args[0]
+			} else {
+				wd, err := os.Getwd()
+				if err != nil {
+					return err
+				}
+				if path, err = config.Find(wd); err != nil {
+					return err
+				}
+				if path == "" {
+					return errdefs.NotFound("nexus config: no %s at the git root of %s (give a PATH)", config.RelPath, wd)
+				}
+			}
+			c, err := config.Load(path)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				printJSON(cmd.OutOrStdout(), c)
+				return nil
+			}
+			printEffective(cmd.OutOrStdout(), c)
+			return nil
+		},
+	}
+	check.Flags().BoolVar(&asJSON, "json", false, "print the parsed config as JSON")
+	cfg.AddCommand(check)
+	return cfg
+}
+
+// printEffective renders what a sandbox created under c may reach, and how.
+func printEffective(w io.Writer, c *config.Config) {
+	fmt.Fprintf(w, "%s: valid (version %d)\n", c.Source, c.Version)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nHOST\tACCESS\tRULES")
+	for _, a := range c.Egress.Allow {
+		fmt.Fprintf(tw, "%s\topen\tevery request (egress.allow)\n", a)
+	}
+	for _, h := range c.Egress.Policy {
+		var rules []string
+		if len(h.Repos) > 0 {
+			rules = append(rules, "repos "+strings.Join(h.Repos, ", "))
+		}
+		rules = append(rules, h.Paths...)
+		switch h.Host {
+		case httppolicy.GitHubWeb:
+			rules = append(rules, "git smart-HTTP of bound repos (pushes to "+strings.Join(httppolicy.DefaultBranches, ", ")+")",
+				"GET/HEAD archive and release downloads of any repo, credential stripped")
+		case httppolicy.GitHubAPI:
+			rules = append(rules, "GET /", "POST /graphql viewer { login } only")
+			if len(h.Repos) > 0 {
+				rules = append(rules, "GET/HEAD /repos/<bound>/**", "POST /repos/<bound>/pulls")
+			}
+		case httppolicy.GitHubUploads:
+			if len(h.Repos) > 0 {
+				rules = append(rules, "POST /repos/<bound>/releases/<id>/assets")
+			}
+		}
+		for i, r := range rules {
+			host, access := h.Host, "policy"
+			if i > 0 {
+				host, access = "", ""
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", host, access, r)
+		}
+		fmt.Fprintf(tw, "\t\teverything else refused (default-deny)\n")
+	}
+	tw.Flush()
+	if len(c.Egress.Secrets) > 0 {
+		fmt.Fprintln(w, "\nSECRETS (placeholders in the guest, swapped by the mitm on these hosts only)")
+		for _, s := range c.Egress.Secrets {
+			env := ""
+			if s.Env != "" {
+				env = " as $" + s.Env
+			}
+			fmt.Fprintf(w, "  %s → %s%s\n", s.Name, strings.Join(s.Hosts, ", "), env)
+		}
+	}
+}
+
+// createConfig reads the config a create sends: --config PATH, else .nexus/config.yaml at the git
+// root of the working directory, else none.
+func createConfig(path string) (*config.Config, error) {
+	if path == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, err
+		}
+		if path, err = config.Find(wd); err != nil || path == "" {
+			return nil, err
+		}
+	}
+	return config.Load(path)
+}
+
+func explainCommand() *cobra.Command {
+	var data string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "explain NAME METHOD URL",
+		Short: "Print what the perimeter would decide for a request from a sandbox, and the rule that decides it, without sending it",
+		Args:  cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := data
+			if f, ok := strings.CutPrefix(data, "@"); ok {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					return usageError{fmt.Errorf("egress explain: --data: %w", err)}
+				}
+				body = string(b)
+			}
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			ex, err := bus.Request[api.Explanation](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbEgressExplain),
+				api.ExplainRequest{Name: args[0], Method: args[1], URL: args[2], Body: body})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				printJSON(cmd.OutOrStdout(), ex)
+				return nil
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "%s %s %s\n", strings.ToUpper(ex.Decision), ex.Method, ex.URL)
+			fmt.Fprintf(w, "  layer:      %s\n  rule:       %s\n  reason:     %s\n", ex.Layer, ex.Rule, ex.Reason)
+			if ex.Credential != "" {
+				fmt.Fprintf(w, "  credential: %s\n", ex.Credential)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&data, "data", "d", "", "request body, or @FILE (a GraphQL JSON body, a push's pkt-lines)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
