@@ -9,6 +9,8 @@ package mitm
 import (
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/IniZio/nexus/pkg/httppolicy"
 )
 
 // Subject verbs; the full subject is nexus.mitm.<host>.<verb>.
@@ -31,6 +33,9 @@ type SandboxPolicy struct {
 	AllowedHosts []string `json:"allowed_hosts"`
 	// Credentials binds placeholders (by hash) to the only hosts they are swapped on.
 	Credentials []CredentialBinding `json:"credentials,omitempty"`
+	// Requests is the request policy (bound repos, .nexus/config.yaml egress.policy, allowed
+	// branches) the mitm applies to every request on top of the host allowlist; nil gates nothing.
+	Requests *httppolicy.Policy `json:"requests,omitempty"`
 }
 
 // CredentialBinding says that the placeholder whose hash is PlaceholderHash is swapped for a real
