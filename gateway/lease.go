@@ -32,6 +32,7 @@ var (
 
 type leaseWatchdog struct {
 	ctx    context.Context // the watchdog's life; removals end with it
+	since  time.Time       // when this watchdog started
 	g      *Gateway
 	kv     jetstream.KeyValue
 	mu     sync.Mutex
@@ -42,7 +43,7 @@ type leaseWatchdog struct {
 // watchLeases sweeps ephemeral sandboxes every LeaseSweepEvery until ctx ends, and waits for
 // the removals it started.
 func (g *Gateway) watchLeases(ctx context.Context) {
-	w := &leaseWatchdog{ctx: ctx, g: g, active: map[string]bool{}}
+	w := &leaseWatchdog{ctx: ctx, since: time.Now(), g: g, active: map[string]bool{}}
 	defer w.wg.Wait()
 	t := time.NewTicker(LeaseSweepEvery)
 	defer t.Stop()
@@ -67,8 +68,13 @@ func (g *Gateway) watchLeases(ctx context.Context) {
 	}
 }
 
-// sweep removes every ephemeral sandbox past its grace whose lease key is gone.
+// sweep removes every ephemeral sandbox past its grace whose lease key is gone. For LeaseGrace
+// after the watchdog starts it removes nothing: when the bus itself restarted, leases may have
+// lapsed while it was down, and live callers need a moment to reconnect and refresh them.
 func (w *leaseWatchdog) sweep(ctx context.Context, now time.Time) {
+	if now.Sub(w.since) < LeaseGrace {
+		return
+	}
 	all, err := w.g.reg.List(ctx, nil)
 	if err != nil {
 		w.g.log.Warn().Err(err).Msg("lease watchdog: cannot list the registry")

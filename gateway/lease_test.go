@@ -93,7 +93,7 @@ func TestLeaseSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &leaseWatchdog{ctx: ctx, g: g, kv: kv, active: map[string]bool{}}
+	w := &leaseWatchdog{ctx: ctx, since: time.Now(), g: g, kv: kv, active: map[string]bool{}}
 
 	start := time.Now()
 	add := func(name string, ephemeral bool, state api.State, startedAgo time.Duration) *api.Sandbox {
@@ -125,10 +125,6 @@ func TestLeaseSweep(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the CLI user cannot hold a lease: %v", err)
 	}
-	sweep := func() {
-		w.sweep(ctx, start)
-		w.wg.Wait()
-	}
 	exists := func(sb *api.Sandbox) bool {
 		_, err := reg.Get(ctx, sb.Name)
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
@@ -136,6 +132,16 @@ func TestLeaseSweep(t *testing.T) {
 		}
 		return err == nil
 	}
+	sweep := func() {
+		w.sweep(ctx, start)
+		w.wg.Wait()
+	}
+	// A watchdog that just started removes nothing (callers may be reconnecting).
+	sweep()
+	if !exists(lapsed) {
+		t.Fatalf("%s was removed within LeaseGrace of the watchdog's start", lapsed.Name)
+	}
+	w.since = start.Add(-LeaseGrace)
 	sweep()
 	if exists(lapsed) {
 		t.Errorf("%s has no lease and is past its grace: it should be removed", lapsed.Name)

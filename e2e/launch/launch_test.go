@@ -12,9 +12,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/testutil"
@@ -268,4 +271,65 @@ func lastLines(s string, n int) string {
 		l = l[len(l)-n:]
 	}
 	return strings.Join(l, "\n")
+}
+
+// TestTerminal: with a terminal on stdin the command gets a pty of the caller's size, and a
+// resize of the caller's terminal reaches it.
+func TestTerminal(t *testing.T) {
+	cmd := stack.Command("agent", "launch", "nexus-mini", "/bin/sh", "-c",
+		`[ -t 0 ] && echo "tty $(stty size)"; while read l; do [ "$l" = q ] && exit 3; echo "now $(stty size)"; done`)
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 30, Cols: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var mu sync.Mutex
+	var out bytes.Buffer
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := f.Read(buf)
+			mu.Lock()
+			out.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	seen := func(s string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !strings.Contains(out.String(), s) {
+			return fmt.Errorf("terminal shows %q; waiting for %q", out.String(), s)
+		}
+		return nil
+	}
+	if err := testutil.Poll(3*time.Minute, func() error { return seen("tty 30 100") }); err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	// The CLI forwards SIGWINCH as a resize; each newline makes the script print the size.
+	pty.Setsize(f, &pty.Winsize{Rows: 50, Cols: 132})
+	if err := testutil.Poll(10*time.Second, func() error {
+		f.Write([]byte("\r"))
+		return seen("now 50 132")
+	}); err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	f.Write([]byte("q\r"))
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+			t.Fatalf("launch: %v; want exit status 3", err)
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("launch did not exit")
+	}
+	requireNoneLeft(t)
 }
