@@ -1,6 +1,7 @@
 package portfwd
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 
 	api "github.com/IniZio/nexus/pkg/api/portfwd"
 	"github.com/IniZio/nexus/pkg/testutil"
+	"github.com/IniZio/nexus/services/portfwd"
 )
 
 func addr(p uint16) string { return "127.0.0.1:" + strconv.Itoa(int(p)) }
@@ -396,12 +399,31 @@ func benchPorts(b *testing.B) (uint16, uint16) {
 	return benchEcho, benchSink
 }
 
-func BenchmarkGuestForwardConnect(b *testing.B) {
+// dialer returns how a benchmark reaches a guest port: through the host forward, or straight
+// over the sandbox's hybrid-vsock socket (the channel the forward rides on, without it).
+func dialer(b *testing.B, viaForward bool, p uint16) func() (net.Conn, error) {
+	if viaForward {
+		return func() (net.Conn, error) { return net.Dial("tcp", addr(p)) }
+	}
+	f, err := st.forward(sandbox, p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(st.root, "nexus", "sandboxes", f.ID, "vsock.sock")
+	return func() (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return portfwd.DialGuest(ctx, sock, int(p))
+	}
+}
+
+func benchConnect(b *testing.B, viaForward bool) {
 	p, _ := benchPorts(b)
+	dial := dialer(b, viaForward, p)
 	buf := make([]byte, 1)
 	b.ResetTimer()
 	for range b.N {
-		c, err := net.Dial("tcp", addr(p))
+		c, err := dial()
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -413,9 +435,9 @@ func BenchmarkGuestForwardConnect(b *testing.B) {
 	}
 }
 
-func BenchmarkGuestForwardThroughput(b *testing.B) {
+func benchThroughput(b *testing.B, viaForward bool) {
 	_, p := benchPorts(b)
-	c, err := net.Dial("tcp", addr(p))
+	c, err := dialer(b, viaForward, p)()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -429,7 +451,7 @@ func BenchmarkGuestForwardThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	c.(*net.TCPConn).CloseWrite()
+	c.(interface{ CloseWrite() error }).CloseWrite()
 	var n int64
 	if err := binary.Read(c, binary.BigEndian, &n); err != nil {
 		b.Fatal(err)
@@ -438,6 +460,18 @@ func BenchmarkGuestForwardThroughput(b *testing.B) {
 		b.Fatalf("guest got %d of %d bytes", n, int64(b.N)*chunk)
 	}
 }
+
+// BenchmarkGuestForwardConnect: connect + first byte round trip via 127.0.0.1:<port>.
+func BenchmarkGuestForwardConnect(b *testing.B) { benchConnect(b, true) }
+
+// BenchmarkGuestVsockConnect: the same over the hybrid-vsock socket, without the forward.
+func BenchmarkGuestVsockConnect(b *testing.B) { benchConnect(b, false) }
+
+// BenchmarkGuestForwardThroughput: host → guest bulk bytes via 127.0.0.1:<port>.
+func BenchmarkGuestForwardThroughput(b *testing.B) { benchThroughput(b, true) }
+
+// BenchmarkGuestVsockThroughput: the same over the hybrid-vsock socket, without the forward.
+func BenchmarkGuestVsockThroughput(b *testing.B) { benchThroughput(b, false) }
 
 // copyGuestSrv puts the guest server into a sandbox and runs it once so its pages are in the
 // guest's cache (its first start under TCG takes seconds).
