@@ -82,7 +82,12 @@ func components() []component {
 			return s.Run(ctx)
 		}},
 		{name: "gitrelay", about: "git over SSH relay with repo and branch policy", run: func(ctx context.Context, env runEnv) error {
-			return gitrelay.New(gitrelay.Config{Bus: env.nc, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
+			sshCfg, err := gitrelay.SSHConfigFromEnv()
+			if err != nil {
+				return err
+			}
+			return gitrelay.New(gitrelay.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				SSH: sshCfg}).Run(ctx)
 		}},
 		{name: "portfwd", about: "guest listeners at the same port on the host", run: func(ctx context.Context, env runEnv) error {
 			return portfwd.New(portfwd.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)

@@ -83,7 +83,7 @@ func RunInit() {
 	go reaper.Run(nil)
 	srv, _ := New(Config{
 		Logger:   log,
-		Env:      []string{"PATH=" + DefaultPath, "HOME=/root", "LANG=C.UTF-8"},
+		Env:      []string{"PATH=" + DefaultPath, "HOME=/root", "LANG=C.UTF-8", "GIT_SSH_COMMAND=" + agentproto.GuestBinDir + "/nexus-agent ssh-shim"},
 		Dir:      "/",
 		Logs:     ring,
 		BootTime: start,

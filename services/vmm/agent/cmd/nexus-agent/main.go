@@ -28,6 +28,7 @@ const usage = `usage: nexus-agent <command>
 As PID 1 it boots the guest and serves the host. Commands (inside a guest):
   selftest-vsock [-port N]   check the agent's AF_VSOCK listener over vsock loopback (CID 1)
   dial-host PORT             connect stdin/stdout to host port PORT (e.g. an ssh ProxyCommand)
+  ssh-shim SSH-ARGS...       the guest's GIT_SSH_COMMAND: git over SSH through the host's git relay
   serve -unix PATH           serve the protocol on a unix socket (debugging)
   version                    print the protocol version
 `
@@ -47,6 +48,8 @@ func main() {
 		err = selftestVsock(os.Args[2:])
 	case "dial-host":
 		err = dialHost(os.Args[2:])
+	case "ssh-shim":
+		os.Exit(sshShim(os.Args[2:]))
 	case "serve":
 		err = serve(os.Args[2:])
 	case "version":
