@@ -50,7 +50,7 @@ func TestCuratedL4(t *testing.T) {
 		what   string
 		script string
 		// clear is what the guest must see (stdout+stderr), empty: only a failing exit.
-		clear string
+		clear  string
 		match  func(audit.Event) bool
 		reason string
 	}
@@ -98,7 +98,9 @@ func TestCuratedL4(t *testing.T) {
 		},
 		{
 			what: "icmp to an ip that is not allowed", script: "ping -c 1 -W 3 198.51.100.9", clear: "100% packet loss",
-			match:  func(e audit.Event) bool { return e.Layer == audit.LayerL4 && e.Proto == "icmp" && e.IP == "198.51.100.9" },
+			match: func(e audit.Event) bool {
+				return e.Layer == audit.LayerL4 && e.Proto == "icmp" && e.IP == "198.51.100.9"
+			},
 			reason: "ip was not resolved from an allowed name",
 		},
 		{
