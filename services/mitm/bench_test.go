@@ -9,6 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -219,4 +222,52 @@ func (s *mapCertStore) Fetch(host string, gen func() (*tls.Certificate, error)) 
 		s.m[host] = c
 	}
 	return c, err
+}
+
+// BenchmarkMitmproxy is the peer row: mitmdump (Debian's mitmproxy) intercepting the same
+// loopback origin with the same 4 keep-alive clients. Skipped when mitmdump is not installed.
+func BenchmarkMitmproxy(b *testing.B) {
+	bin, err := exec.LookPath("mitmdump")
+	if err != nil {
+		b.Skip("mitmdump not installed (apt-get install mitmproxy)")
+	}
+	h, _ := benchHarness(b)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	conf := b.TempDir()
+	cmd := exec.Command(bin, "--listen-host", "127.0.0.1", "--listen-port", port, "--set", "confdir="+conf,
+		"--ssl-insecure", "--quiet", "--set", "flow_detail=0")
+	cmd.Env = append(os.Environ(), "HOME="+conf)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	caFile := filepath.Join(conf, "mitmproxy-ca-cert.pem")
+	waitFor(b, 30*time.Second, func() error {
+		if _, err := os.Stat(caFile); err != nil {
+			return err
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	c := &http.Client{Transport: &http.Transport{
+		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: addr}),
+		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 8,
+	}}
+	origin := "https://" + h.upstream.Listener.Addr().String() + "/"
+	run4(b, func(int64) error { return fetch(c, origin, nil) })
 }
