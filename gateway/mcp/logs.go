@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	portfwd "github.com/IniZio/nexus/pkg/api/portfwd"
 	"strconv"
 	"unicode/utf8"
 
@@ -77,8 +78,13 @@ func partialTail(b []byte) int {
 	return 0
 }
 
-// sandboxPorts reports forwarded ports. The port-forward service has no bus API in this build
-// (pkg/api/portfwd does not exist yet), so after checking the sandbox exists it says so.
+// PortsResult lists a sandbox's forwarded ports: guest listener → 127.0.0.1:<same port>.
+type PortsResult struct {
+	Sandbox string            `json:"sandbox"`
+	Ports   []portfwd.Forward `json:"ports"`
+}
+
+// sandboxPorts reports the sandbox's forwarded ports, conflicts included.
 func (s *Server) sandboxPorts(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
 	var a nameArgs
 	if err := bind(req, &a); err != nil {
@@ -98,5 +104,12 @@ func (s *Server) sandboxPorts(ctx context.Context, req mcpgo.CallToolRequest) (a
 	if sb.NoPortForward {
 		return nil, errdefs.Conflict("sandbox %s was created with port forwarding off", sb.Name)
 	}
-	return nil, errdefs.Unavailable("port forwarding is not available in this nexus build yet: the portfwd service has no API to list forwards")
+	fwds, err := portfwd.Ports(ctx, c.Conn(), sb.Name)
+	if err != nil {
+		return nil, err
+	}
+	if fwds == nil {
+		fwds = []portfwd.Forward{}
+	}
+	return PortsResult{Sandbox: sb.Name, Ports: fwds}, nil
 }

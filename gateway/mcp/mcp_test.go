@@ -139,8 +139,9 @@ func TestToolErrorsWithoutVMs(t *testing.T) {
 	if !strings.Contains(msg, "vmm") {
 		t.Errorf("create without vmm: %q", msg)
 	}
+	// Without a portfwd service the tool error says which service is missing.
 	msg, _ = st.fails(t, "sandbox_ports", map[string]any{"name": "novm"})
-	if !strings.Contains(msg, "not available") {
+	if !strings.Contains(msg, "portfwd service is not running") {
 		t.Errorf("ports: %q", msg)
 	}
 }
