@@ -65,6 +65,9 @@ func (s *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 // exits or the stream ends.
 func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duration) {
 	defer es.Close()
+	// exited is closed once the process has ended: a stream that ends after that must not send
+	// a kill (it would reach the process group, and with it the command's background children).
+	exited := make(chan struct{})
 	timedOut := make(chan struct{})
 	if timeout > 0 {
 		t := time.AfterFunc(timeout, func() {
@@ -77,9 +80,13 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 		for {
 			msg, err := sess.Recv()
 			if err != nil {
-				// The caller is gone: the process must not outlive it.
-				es.Signal(syscall.SIGKILL)
-				es.Close()
+				select {
+				case <-exited:
+				default:
+					// The caller is gone: the process must not outlive it.
+					es.Signal(syscall.SIGKILL)
+					es.Close()
+				}
 				return
 			}
 			switch msg.Kind {
@@ -117,6 +124,7 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 				return
 			}
 		case guest.EventExit:
+			close(exited)
 			exit := api.Exit{Code: ev.Exit.Code, Signal: ev.Exit.Signal, Error: ev.Exit.Error}
 			select {
 			case <-timedOut:
