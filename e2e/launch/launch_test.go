@@ -64,6 +64,7 @@ func TestRefusals(t *testing.T) {
 		{[]string{"herdr", "launch", "nexus-mini", "/bin/sh", "-c", "true", "--dangerously-skip-permissions"}, "--dangerously-skip-permissions is refused"},
 		{[]string{"agent", "launch", "nexus-mini", "/usr/local/bin/claude", "--permission-mode", "bypassPermissions"}, "bypassPermissions is refused"},
 		{[]string{"agent", "launch", "--agent", "nope", "nexus-mini", "/bin/true"}, `unknown agent profile "nope"`},
+		{[]string{"agent", "launch", "nexus-nope", "/bin/true"}, `unknown image "nexus-nope"`},
 	} {
 		out, errOut, code := stack.Nexus(t, tc.args...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 || out != "" {

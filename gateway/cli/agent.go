@@ -164,7 +164,7 @@ func launch(cmd *cobra.Command, o launchOptions, image string, argv []string) er
 	if err != nil {
 		return err
 	}
-	c, g, err := dial(cmd)
+	c, _, err := dial(cmd)
 	if err != nil {
 		return err
 	}
@@ -237,7 +237,6 @@ func launch(cmd *cobra.Command, o launchOptions, image string, argv []string) er
 	if o.verbose {
 		printPerimeter(cmd.Context(), c, req.Name, stderr)
 	}
-	g.Log.Debug().Str("sandbox", req.Name).Strs("argv", argv).Msg("launch")
 
 	stdin := cmd.InOrStdin()
 	run := api.ExecRequest{Name: req.Name, Argv: argv, Stdin: true}
