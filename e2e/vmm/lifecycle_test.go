@@ -92,6 +92,11 @@ func TestExec(t *testing.T) {
 	if code != 0 || len(out) != 20000000 || strings.Trim(out, "x") != "" {
 		t.Fatalf("large output: exit %d, %d bytes", code, len(out))
 	}
+	// A background child outlives the exec that started it (a dev server, say).
+	stack.MustNexus(t, "exec", "exec/box", "--", "sh", "-c", "sleep 600 >/dev/null 2>&1 &")
+	if out, errOut, code := stack.Nexus(t, "exec", "exec/box", "--", "pidof", "sleep"); code != 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("the background sleep died with its exec: %q %q", out, errOut)
+	}
 	// ps shows the columns and filters by label.
 	ps := stack.MustNexus(t, "ps", "-l", "task-id=42")
 	if !strings.Contains(ps, "NAME") || !strings.Contains(ps, "exec/box") || !strings.Contains(ps, "task-id=42") || !strings.Contains(ps, "claude-code") {
