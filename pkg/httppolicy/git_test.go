@@ -1,6 +1,8 @@
 package httppolicy
 
 import (
+	"bytes"
+	"io"
 	"net/http"
 	"net/http/cgi"
 	"net/http/httptest"
@@ -77,6 +79,15 @@ func TestRealGit(t *testing.T) {
 			w.Write([]byte(d.Reason + "\n"))
 			return
 		}
+		if len(r.TransferEncoding) > 0 {
+			// CGI needs a length: buffer a chunked body (GitHub itself takes it as it is).
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+		}
 		backend.ServeHTTP(w, r)
 	}))
 	defer srv.Close()
@@ -94,6 +105,20 @@ func TestRealGit(t *testing.T) {
 		t.Fatalf("nexus/feature is %s, want %s", got, head)
 	}
 	mainBefore := mustGit(t, env, bare, "rev-parse", "refs/heads/main")
+
+	// A push larger than http.postBuffer goes chunked after a probe request whose body is a
+	// lone flush packet: both pass, and the pack streams through after the commands.
+	big := make([]byte, 3<<20)
+	for i := range big {
+		big[i] = byte(i*7919 + i>>8) // incompressible enough to keep the pack large
+	}
+	os.WriteFile(filepath.Join(clone, "big.bin"), big, 0o644)
+	mustGit(t, env, clone, "add", "big.bin")
+	mustGit(t, env, clone, "commit", "-q", "-m", "big")
+	mustGit(t, env, clone, "-c", "http.postBuffer=65536", "push", "-q", "origin", "HEAD:refs/heads/nexus/big")
+	if got, want := mustGit(t, env, bare, "rev-parse", "refs/heads/nexus/big"), mustGit(t, env, clone, "rev-parse", "HEAD"); got != want {
+		t.Fatalf("nexus/big is %s, want %s", got, want)
+	}
 
 	out, err := git(t, append(env, "GIT_TRACE_CURL=1", "GIT_TRACE_CURL_NO_DATA=1"), clone, "push", "origin", "HEAD:main")
 	if err == nil {
