@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/httppolicy"
 )
@@ -14,14 +13,6 @@ import (
 // BranchLabel is the sandbox label naming the branch of a worktree-bound sandbox (set by the
 // worktree delegation): its pushes are held to that branch alone.
 const BranchLabel = "nexus.branch"
-
-// Record is what the relay reads of a sandbox record (KV nexus_sandboxes, key = name): the
-// gateway's record plus the project config it was created with.
-type Record struct {
-	gwapi.Sandbox
-	// Config is the .nexus/config.yaml recorded with the sandbox (its egress.policy).
-	Config *config.Config `json:"config,omitempty"`
-}
 
 // Policy is what a sandbox's git over SSH is held to.
 type Policy struct {
@@ -38,7 +29,7 @@ type Policy struct {
 // PolicyOf derives the policy of a sandbox record: its --repo bindings, its config's
 // egress.policy, and its allowed branches (refs/heads/<nexus.branch label> for a worktree-bound
 // sandbox, otherwise httppolicy.DefaultBranches). A sandbox with egress none gets no repos.
-func PolicyOf(rec *Record) (*Policy, error) {
+func PolicyOf(rec *gwapi.Sandbox) (*Policy, error) {
 	p := &Policy{}
 	if rec.Egress.Mode != gwapi.EgressNone {
 		p.Repos = rec.Egress.Repos

@@ -10,7 +10,7 @@ import (
 )
 
 func TestPolicy(t *testing.T) {
-	rec := &Record{Sandbox: gwapi.Sandbox{ID: "x", Name: "default/x", Egress: gwapi.Egress{Mode: gwapi.EgressCurated, Repos: []string{"Acme/App"}}},
+	rec := &gwapi.Sandbox{ID: "x", Name: "default/x", Egress: gwapi.Egress{Mode: gwapi.EgressCurated, Repos: []string{"Acme/App"}},
 		Config: &config.Config{Version: 1, Egress: config.Egress{Policy: []httppolicy.HostRules{{Host: "github.com", Repos: []string{"acme/lib"}}}}}}
 	p, err := PolicyOf(rec)
 	if err != nil {

@@ -51,7 +51,7 @@ type Config struct {
 	// Audit receives every decision; default a JetStream publisher on Bus.
 	Audit audit.Sink
 	// Records reads a sandbox record by name; default KV nexus_sandboxes on Bus.
-	Records func(ctx context.Context, name string) (*Record, error)
+	Records func(ctx context.Context, name string) (*gwapi.Sandbox, error)
 	// MaxSessions bounds concurrent relayed sessions per sandbox; default 16.
 	MaxSessions int
 }
@@ -144,8 +144,8 @@ func (s *Service) Run(ctx context.Context) error {
 		Description: "git over SSH relay with repo and branch policy"}, s.log, nil)
 }
 
-func kvRecords(kv jetstream.KeyValue) func(ctx context.Context, name string) (*Record, error) {
-	return func(ctx context.Context, name string) (*Record, error) {
+func kvRecords(kv jetstream.KeyValue) func(ctx context.Context, name string) (*gwapi.Sandbox, error) {
+	return func(ctx context.Context, name string) (*gwapi.Sandbox, error) {
 		e, err := kv.Get(ctx, name)
 		if err != nil {
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -153,7 +153,7 @@ func kvRecords(kv jetstream.KeyValue) func(ctx context.Context, name string) (*R
 			}
 			return nil, fmt.Errorf("gitrelay: read sandbox %s: %w", name, err)
 		}
-		var rec Record
+		var rec gwapi.Sandbox
 		if err := json.Unmarshal(e.Value(), &rec); err != nil {
 			return nil, fmt.Errorf("gitrelay: sandbox record %s is damaged: %w", name, err)
 		}
