@@ -5,11 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp)
-pkgs=(./e2e/bench ./services/mitm ./services/netstack ./services/vmm/guest ./services/portfwd)
-for p in "${pkgs[@]}"; do
-	[ -d "$p" ] || continue
-	echo "== $p" >&2
-	go test -run '^$' -bench . -benchtime "${BENCHTIME:-3x}" "$p" 2>&1 | tee -a "$out" >&2 || true
+# package, benchmark pattern, iterations: slow whole-VM figures a few times, latencies many times.
+runs=(
+	"./e2e/bench Boot|IdleMemory|Create10|Fork|Pause 3x"
+	"./e2e/bench ExecTrue|Keystroke|Clone 200x"
+	"./services/mitm . 2s"
+	"./services/netstack . 2s"
+	"./services/portfwd . 2s"
+	"./services/vmm/guest . 1s"
+)
+for r in "${runs[@]}"; do
+	read -r pkg pattern benchtime <<<"$r"
+	[ -d "$pkg" ] || continue
+	echo "== $pkg $pattern" >&2
+	go test -run '^$' -bench "$pattern" -benchtime "$benchtime" "$pkg" 2>&1 | tee -a "$out" >&2 || true
 done
 {
 	echo "# nexus benchmarks"
