@@ -37,6 +37,8 @@ var (
 	// secrets collects every real token and placeholder the run handled; TestMain checks that
 	// none of them appears in a log or an audit event.
 	secrets = &secretSet{}
+	// earlierLogs holds the logs of stacks killed by a test (a restart starts a new log).
+	earlierLogs strings.Builder
 	// probeBin is the static guest tool of testdata/probe.
 	probeBin string
 )
@@ -125,7 +127,7 @@ func run(m *testing.M) int {
 			}
 			code = 1
 		} else {
-			fmt.Fprintf(os.Stderr, "leak scan: %d secret values absent from %d bytes of stack log and the audit stream\n", secrets.len(), len(stack.Log()))
+			fmt.Fprintf(os.Stderr, "leak scan: %d secret values absent from %d bytes of stack log and the audit stream\n", secrets.len(), earlierLogs.Len()+len(stack.Log()))
 		}
 	}
 	if code != 0 {
@@ -301,7 +303,7 @@ func scanForSecrets() []string {
 	vals := secrets.vals
 	secrets.mu.Unlock()
 	var leaks []string
-	log := stack.Log()
+	log := earlierLogs.String() + stack.Log()
 	out, errOut, code := stack.Nexus(nopTB{}, "audit", "tail", "--json")
 	if code != 0 {
 		leaks = append(leaks, "cannot read the audit stream: "+errOut)
