@@ -302,3 +302,33 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// Main is the TestMain of an end-to-end package: it starts one stack (with extraEnv), points
+// *s at it, runs the tests, prints the tail of the stack's log when a test failed, and stops
+// it. Without QEMU it exits 0 (the package is skipped), or 1 under CI.
+func Main(m *testing.M, s **Stack, extraEnv ...string) {
+	if err := QEMUAvailable(); err != nil {
+		if os.Getenv("CI") != "" {
+			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "skipping VM tests:", err)
+		os.Exit(0)
+	}
+	st, err := StartStack(extraEnv...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*s = st
+	code := m.Run()
+	if code != 0 {
+		log := st.Log()
+		if len(log) > 20000 {
+			log = log[len(log)-20000:]
+		}
+		fmt.Fprintf(os.Stderr, "---- nexus up log (tail) ----\n%s\n", log)
+	}
+	st.Stop()
+	os.Exit(code)
+}
