@@ -176,13 +176,14 @@ func (s *Service) capture(ctx context.Context, m *machine, spec qemu.VMSpec, dir
 
 // mountRefusal names every host→guest pair of a sandbox's 9p mounts.
 func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec, op string) error {
+	// The guest's answer is untrusted: bounded, and only used to name mount points.
 	guestOf := map[string]string{}
-	var out strings.Builder
-	if st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"cat", "/proc/mounts"}}, nil, &out, io.Discard, nil); err == nil && st.Code == 0 {
+	out := &capped{max: 64 << 10}
+	if st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"cat", "/proc/mounts"}}, nil, out, io.Discard, nil); err == nil && st.Code == 0 {
 		for _, l := range strings.Split(out.String(), "\n") {
 			f := strings.Fields(l)
-			if len(f) >= 3 && f[2] == "9p" {
-				guestOf[f[0]] = f[1]
+			if len(f) >= 3 && f[2] == "9p" && len(f[1]) <= 256 {
+				guestOf[f[0]] = strings.ToValidUTF8(f[1], "?")
 			}
 		}
 	}
@@ -517,6 +518,19 @@ func copySparse(src, dst string) (int64, error) {
 		return fail(err)
 	}
 	return copied, out.Close()
+}
+
+// capped keeps the first max bytes written to it and drops the rest.
+type capped struct {
+	strings.Builder
+	max int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.Len(); room > 0 {
+		c.Builder.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
 }
 
 func writeFileSync(path string, b []byte) error {

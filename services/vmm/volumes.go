@@ -93,13 +93,13 @@ func mountVolumes(ctx context.Context, agent *guest.Client, vols []api.Volume) e
 		if !strings.HasPrefix(v.Guest, "/") {
 			return errdefs.Invalid("volume %s: guest path %q must be absolute", v.Name, v.Guest)
 		}
-		var out strings.Builder
-		st, err := agent.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", mountScript, "sh", fmt.Sprintf("nexus-disk%d", i), v.Guest}}, nil, &out, &out, nil)
+		out := &capped{max: 512}
+		st, err := agent.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", mountScript, "sh", fmt.Sprintf("nexus-disk%d", i), v.Guest}}, nil, out, out, nil)
 		if err != nil {
 			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}
 		if st.Code != 0 {
-			return fmt.Errorf("volume %s at %s: %s", v.Name, v.Guest, strings.TrimSpace(out.String()))
+			return fmt.Errorf("volume %s at %s: %s", v.Name, v.Guest, strings.Join(strings.Fields(strings.ToValidUTF8(out.String(), "?")), " "))
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/IniZio/nexus/pkg/agentproto"
@@ -53,24 +55,37 @@ func (s *Server) ServePort(ctx context.Context, path string) error {
 	defer f.Close()
 	pr := &portReader{f: f, ctx: ctx}
 	br := bufio.NewReaderSize(pr, 64<<10)
+	nonce := ""
 	for ctx.Err() == nil {
 		f.SetDeadline(time.Time{})
-		pr.waiting.Store(true)
-		nonce, err := agentproto.AwaitHello(br)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+		if nonce == "" {
+			pr.waiting.Store(true)
+			var err error
+			if nonce, err = agentproto.AwaitHello(br); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				s.log.Warn().Err(err).Msg("port handshake")
+				continue
 			}
-			s.log.Warn().Err(err).Msg("port handshake")
-			continue
+			pr.waiting.Store(false)
 		}
-		pr.waiting.Store(false)
 		if _, err := f.Write(agentproto.Ready(nonce)); err != nil {
 			s.log.Warn().Err(err).Msg("port handshake")
+			nonce = ""
 			continue
 		}
-		if err := s.serveSession(ctx, &portConn{r: br, f: f}); err != nil {
+		pc := &portConn{r: br, f: f}
+		err := s.serveSession(ctx, pc)
+		nonce = ""
+		if err != nil {
 			s.log.Warn().Err(err).Msg("port session")
+			// A guest restored from a snapshot (a fork) still runs the session of the host it was
+			// saved from; the new host's Hello lands in that stale session and breaks it. The
+			// Hello was consumed by the session, so answer it from what the session last read.
+			if errors.Is(err, yamux.ErrInvalidVersion) {
+				nonce = pc.staleHello()
+			}
 		}
 	}
 	return nil
@@ -98,12 +113,39 @@ func (p *portReader) Read(b []byte) (int, error) {
 }
 
 // portConn is one session's view of the port: Close ends the session's pending reads without
-// closing the device, which stays open for the next host.
+// closing the device, which stays open for the next host. It keeps the last bytes the session
+// read, where a new host's Hello is found after it broke a stale session.
 type portConn struct {
-	r *bufio.Reader
-	f *os.File
+	r    *bufio.Reader
+	f    *os.File
+	tail []byte // the last tailSize bytes read
 }
 
-func (c *portConn) Read(b []byte) (int, error)  { return c.r.Read(b) }
+// tailSize holds a whole Hello line (prefix, up to 64 hex digits, newline).
+const tailSize = 128
+
+func (c *portConn) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	if n > 0 {
+		c.tail = append(c.tail, b[max(0, n-tailSize):n]...)
+		if len(c.tail) > tailSize {
+			c.tail = append(c.tail[:0], c.tail[len(c.tail)-tailSize:]...)
+		}
+	}
+	return n, err
+}
+
+// staleHello returns the nonce of a complete Hello line among the last bytes read, or "".
+func (c *portConn) staleHello() string {
+	nonce := ""
+	r := bufio.NewReader(bytes.NewReader(c.tail))
+	for {
+		n, err := agentproto.AwaitHello(r)
+		if err != nil {
+			return nonce
+		}
+		nonce = n
+	}
+}
 func (c *portConn) Write(b []byte) (int, error) { return c.f.Write(b) }
 func (c *portConn) Close() error                { return c.f.SetDeadline(time.Now()) }
