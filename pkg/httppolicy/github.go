@@ -51,12 +51,16 @@ func parseGitHubPath(path string) githubRoute {
 		return githubRoute{}
 	}
 	owner, name := segs[0], segs[1]
-	gitSuffix := strings.HasSuffix(name, ".git")
-	repo, ok := ParseRepo(owner + "/" + strings.TrimSuffix(name, ".git"))
+	// Compared case-insensitively, so that no spelling of a git endpoint escapes the repo check.
+	gitSuffix := strings.HasSuffix(strings.ToLower(name), ".git")
+	if gitSuffix {
+		name = name[:len(name)-len(".git")]
+	}
+	repo, ok := ParseRepo(owner + "/" + name)
 	if !ok {
 		return githubRoute{}
 	}
-	rest := strings.Join(segs[2:], "/")
+	rest := strings.ToLower(strings.Join(segs[2:], "/"))
 	switch rest {
 	case gitInfoRefs, gitUploadPack, gitReceivePack:
 		return githubRoute{repo: repo, smart: rest}

@@ -233,8 +233,8 @@ func (e *Engine) github(r *http.Request, host, path string) (Decision, bool) {
 		if path == "/" && r.Method == http.MethodGet {
 			return Decision{Allow: true, Rule: RuleAPIRoot, Reason: "GET / (the API root probe of gh auth status)"}, true
 		}
-		if path == "/graphql" {
-			if r.Method == http.MethodPost && r.URL.RawQuery == "" && isIdentity(r) && viewerProbe(r) {
+		if isGraphQLPath(path) {
+			if path == "/graphql" && r.Method == http.MethodPost && r.URL.RawQuery == "" && isIdentity(r) && viewerProbe(r) {
 				return Decision{Allow: true, Rule: RuleGraphQLViewer, Reason: "POST /graphql with exactly viewer { login } (the probe of gh auth status)"}, true
 			}
 			return deny(RuleGraphQL, "nexus: refused: GitHub GraphQL is denied except the viewer { login } probe; use the REST API instead (for a pull request: gh api -X POST /repos/<owner>/<repo>/pulls)"), true
@@ -253,6 +253,15 @@ func (e *Engine) github(r *http.Request, host, path string) (Decision, bool) {
 		}
 	}
 	return Decision{}, false
+}
+
+// isGraphQLPath reports whether an api.github.com path may reach the GraphQL endpoint: /graphql
+// in any case, with a trailing slash, a format suffix or anything below it. All of them are held
+// to the GraphQL rule, whatever paths rules the config lists.
+func isGraphQLPath(path string) bool {
+	first, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	first, _, _ = strings.Cut(strings.ToLower(first), ".")
+	return first == "graphql"
 }
 
 var releaseAssets = regexp.MustCompile(`^releases/[0-9]{1,20}/assets$`)
