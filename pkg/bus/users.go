@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -57,7 +58,9 @@ func permissions(user string) *server.Permissions {
 		return &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: pub},
 			Subscribe: &server.SubjectPermission{Allow: append(sub, inbox)},
-			Response:  &server.ResponsePermission{MaxMsgs: 1 << 20, Expires: 0},
+			// A reply may come long after its request (an image build before a boot): allow it
+			// for as long as any handler may run (MaxHandlerTime), not the server's 2-minute default.
+			Response: &server.ResponsePermission{MaxMsgs: 1 << 20, Expires: MaxHandlerTime + time.Minute},
 		}
 	}
 	with := func(base []string, more ...string) []string { return append(append([]string{}, base...), more...) }

@@ -155,7 +155,9 @@ func StartStack(extraEnv ...string) (*Stack, error) {
 }
 
 func (s *Stack) start() error {
-	s.log = &bytes.Buffer{}
+	if s.log == nil {
+		s.log = &bytes.Buffer{} // kept across restarts: a leak scan must see every run's output
+	}
 	s.cmd = exec.Command(s.Bin, "up", "--log-level", "debug")
 	s.cmd.Env = s.Env
 	s.cmd.Stdout, s.cmd.Stderr = (*lockedWriter)(s), (*lockedWriter)(s)
