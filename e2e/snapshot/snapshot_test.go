@@ -36,7 +36,7 @@ const counterScript = `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp
 
 func count(t *testing.T, name string) int {
 	t.Helper()
-	out := stack.MustNexus(t, "exec", name, "--", "cat", "/tmp/count")
+	out := stack.MustNexus(t, "exec", name, "--", "sh", "-c", "cat /tmp/count 2>/dev/null || echo 0") // 0: not started yet
 	n, err := strconv.Atoi(strings.TrimSpace(out))
 	if err != nil {
 		t.Fatalf("%s: /tmp/count is %q", name, out)
