@@ -20,10 +20,22 @@ import (
 // MaxExplainBody bounds the body of an explained request.
 const MaxExplainBody = 1 << 20
 
-// requestPolicy is the request policy of a recorded sandbox: its --repo bindings and the
-// egress.policy of its .nexus/config.yaml. The mitm compiles the same value.
+// branchLabel names the branch of a worktree-bound sandbox (set by the worktree delegation);
+// its pushes are held to that branch alone, over HTTPS as over the git SSH relay.
+const branchLabel = "nexus.branch"
+
+// requestPolicy is the request policy of a recorded sandbox: its --repo bindings, the
+// egress.policy of its .nexus/config.yaml and its allowed branches. The mitm compiles the same
+// value.
 func requestPolicy(sb *api.Sandbox) httppolicy.Policy {
-	return sb.Config.HTTPPolicy(sb.Egress.Repos)
+	p := sb.Config.HTTPPolicy(sb.Egress.Repos)
+	if b := sb.Labels[branchLabel]; b != "" {
+		if !strings.HasPrefix(b, "refs/") {
+			b = "refs/heads/" + b
+		}
+		p.Branches = []string{b}
+	}
+	return p
 }
 
 // egressExplain serves `nexus egress explain`.

@@ -63,6 +63,15 @@ func TestExplain(t *testing.T) {
 			}
 		})
 	}
+	// A worktree-bound sandbox pushes to its own branch only.
+	wt := *curated
+	wt.Labels = map[string]string{"nexus.branch": "feature/x"}
+	if p := requestPolicy(&wt); len(p.Branches) != 1 || p.Branches[0] != "refs/heads/feature/x" {
+		t.Fatalf("branches %v", p.Branches)
+	}
+	if p := requestPolicy(curated); len(p.Branches) != 0 {
+		t.Fatalf("default branches %v", p.Branches)
+	}
 	for _, bad := range []api.ExplainRequest{
 		{Method: "GE T", URL: "https://x.com/"},
 		{Method: "GET", URL: "x.com/path"},

@@ -77,9 +77,11 @@ func printEffective(w io.Writer, c *config.Config) {
 			rules = append(rules, "git smart-HTTP of bound repos (pushes to "+strings.Join(httppolicy.DefaultBranches, ", ")+")",
 				"GET/HEAD archive and release downloads of any repo, credential stripped")
 		case httppolicy.GitHubAPI:
-			rules = append(rules, "GET /", "POST /graphql viewer { login } only")
+			rules = append(rules, "GET /", "POST /graphql viewer { login } only (all other GraphQL refused)")
 			if len(h.Repos) > 0 {
-				rules = append(rules, "GET/HEAD /repos/<bound>/**", "POST /repos/<bound>/pulls")
+				rules = append(rules, "GET/HEAD /repos/<bound>/**, /user, /rate_limit, /meta",
+					"POST /repos/<bound>/pulls, PATCH …/pulls/N, POST …/pulls/N/comments, …/issues/N/comments",
+					"GET/HEAD /repos/<other>/**, credential stripped")
 			}
 		case httppolicy.GitHubUploads:
 			if len(h.Repos) > 0 {

@@ -20,8 +20,14 @@ type Glob struct {
 // pattern never silently means something else), and what never appears in a canonical path.
 const globForbidden = "?[]{}\\#"
 
+// branchForbidden are the characters a branch pattern may not contain: those git forbids in ref
+// names anyway ('#', '{' and '}' are legal in branch names and match themselves).
+const branchForbidden = "?[\\"
+
 // ParseGlob validates and compiles a pattern.
-func ParseGlob(s string) (Glob, error) {
+func ParseGlob(s string) (Glob, error) { return parseGlob(s, globForbidden) }
+
+func parseGlob(s, forbidden string) (Glob, error) {
 	if s == "" {
 		return Glob{}, errdefs.Invalid("empty pattern")
 	}
@@ -33,7 +39,7 @@ func ParseGlob(s string) (Glob, error) {
 		if c <= 0x20 || c >= 0x7f {
 			return Glob{}, errdefs.Invalid("pattern %q: only printable ASCII without spaces", clip(s))
 		}
-		if strings.IndexByte(globForbidden, c) >= 0 {
+		if strings.IndexByte(forbidden, c) >= 0 {
 			return Glob{}, errdefs.Invalid("pattern %q: %q is not supported (use * within a segment and ** for whole segments)", clip(s), c)
 		}
 	}
@@ -186,7 +192,7 @@ func ParseBranch(s string) (Glob, error) {
 	if !strings.HasPrefix(s, "refs/") {
 		return Glob{}, errdefs.Invalid("branch pattern %q: must start with refs/", clip(s))
 	}
-	g, err := ParseGlob(s)
+	g, err := parseGlob(s, branchForbidden)
 	if err != nil {
 		return Glob{}, fmt.Errorf("branch pattern: %w", err)
 	}

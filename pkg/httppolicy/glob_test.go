@@ -157,3 +157,26 @@ func naiveSeg(p, s string) bool {
 	}
 	return s != "" && p[0] == s[0] && naiveSeg(p[1:], s[1:])
 }
+
+func TestParseBranch(t *testing.T) {
+	for _, tc := range []struct {
+		pat, ref string
+		ok, want bool
+	}{
+		{"refs/heads/nexus/**", "refs/heads/nexus/a", true, true},
+		{"refs/heads/fix#12", "refs/heads/fix#12", true, true},
+		{"refs/heads/{x}", "refs/heads/{x}", true, true},
+		{"heads/x", "", false, false},
+		{"refs/heads/a?", "", false, false},
+		{"refs/heads/[ab]", "", false, false},
+	} {
+		g, err := ParseBranch(tc.pat)
+		if (err == nil) != tc.ok {
+			t.Errorf("ParseBranch(%q): %v", tc.pat, err)
+			continue
+		}
+		if tc.ok && g.Match(tc.ref) != tc.want {
+			t.Errorf("%q.Match(%q) != %v", tc.pat, tc.ref, tc.want)
+		}
+	}
+}

@@ -6,8 +6,9 @@
 //     reading the receive-pack ref updates; GET/HEAD of archive and release downloads of any
 //     repo with the credential stripped;
 //   - api.github.com: GET / and POST /graphql whose query is exactly `viewer { login }` from any
-//     gated sandbox, every other GraphQL document refused; repo-scoped REST reads and
-//     POST /repos/<o>/<r>/pulls for bound repos;
+//     gated sandbox, every other GraphQL document refused; with bound repos, REST reads of them,
+//     the pull-request writes (POST /repos/<o>/<r>/pulls …), public reads of other repos with
+//     the credential stripped, and GET /user;
 //   - uploads.github.com: release asset uploads for bound repos.
 //
 // A host that no policy gates is open: the engine allows every request to it (the host
@@ -73,6 +74,8 @@ const (
 	RuleGraphQLViewer   = "github_graphql_viewer"
 	RuleGraphQL         = "github_graphql"
 	RuleRepoREST        = "github_repo_rest"
+	RuleRepoWrite       = "github_repo_write"
+	RulePublicRead      = "github_public_read"
 	RulePushBranch      = "push_branch"
 	RuleBadPush         = "push_malformed"
 	RulePath            = "policy_path"
@@ -205,7 +208,7 @@ func (e *Engine) Decide(r *http.Request, host string) Decision {
 		}
 	}
 	return deny(RuleDefaultDeny, fmt.Sprintf("nexus: refused: %s %s on %s matches no egress.policy rule (policy-gated hosts are default-deny; add a paths rule under egress.policy.%s in .nexus/config.yaml)",
-		r.Method, redactPath(path), host, host))
+		method(r), redactPath(path), host, host))
 }
 
 // github applies the GitHub rules; done is false when the request is left to the paths rules.
@@ -224,10 +227,10 @@ func (e *Engine) github(r *http.Request, host, path string) (Decision, bool) {
 			return e.smartHTTP(r, rt), true
 		case rt.artifact:
 			if r.Method != http.MethodGet && r.Method != http.MethodHead {
-				return deny(RuleArtifactMethod, fmt.Sprintf("nexus: refused: %s on a GitHub archive or release download path; only GET and HEAD are allowed there", r.Method)), true
+				return deny(RuleArtifactMethod, fmt.Sprintf("nexus: refused: %s on a GitHub archive or release download path; only GET and HEAD are allowed there", method(r))), true
 			}
 			return Decision{Allow: true, StripCredential: true, Rule: RuleArtifact,
-				Reason: fmt.Sprintf("public archive/release download of %s, forwarded without credentials", rt.repo)}, true
+				Reason: fmt.Sprintf("public archive/release download of %s, forwarded without credentials", redactPath(rt.repo))}, true
 		}
 	case GitHubAPI:
 		if path == "/" && r.Method == http.MethodGet {
@@ -239,12 +242,9 @@ func (e *Engine) github(r *http.Request, host, path string) (Decision, bool) {
 			}
 			return deny(RuleGraphQL, "nexus: refused: GitHub GraphQL is denied except the viewer { login } probe; use the REST API instead (for a pull request: gh api -X POST /repos/<owner>/<repo>/pulls)"), true
 		}
-		if repo, rest, ok := apiRepo(path); ok && bound(repo) {
-			switch {
-			case r.Method == http.MethodGet || r.Method == http.MethodHead:
-				return Decision{Allow: true, Rule: RuleRepoREST, Reason: fmt.Sprintf("read of bound repo %s", repo)}, true
-			case r.Method == http.MethodPost && rest == "pulls":
-				return Decision{Allow: true, Rule: RuleRepoREST, Reason: fmt.Sprintf("pull request on bound repo %s", repo)}, true
+		if len(repos) > 0 {
+			if d, ok := repoREST(r, path, bound); ok {
+				return d, true
 			}
 		}
 	case GitHubUploads:
@@ -262,6 +262,51 @@ func isGraphQLPath(path string) bool {
 	first, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
 	first, _, _ = strings.Cut(strings.ToLower(first), ".")
 	return first == "graphql"
+}
+
+// repoWrites are the REST writes a sandbox may make on a bound repo: what opening and
+// discussing a pull request needs. Writes that move refs or commit (git/refs, contents, merges)
+// are not among them, so the REST API cannot get around the allowed branches.
+var repoWrites = []struct {
+	method string
+	rest   *regexp.Regexp
+}{
+	{http.MethodPost, regexp.MustCompile(`^pulls$`)},
+	{http.MethodPatch, regexp.MustCompile(`^pulls/[0-9]{1,20}$`)},
+	{http.MethodPost, regexp.MustCompile(`^pulls/[0-9]{1,20}/comments$`)},
+	{http.MethodPost, regexp.MustCompile(`^issues/[0-9]{1,20}/comments$`)},
+}
+
+// userReads are the account-level reads allowed on api.github.com for a sandbox bound to repos.
+var userReads = []string{"/user", "/rate_limit", "/meta"}
+
+// repoREST is the built-in REST policy of api.github.com for a sandbox bound to repos (--repo, or
+// repos under egress.policy.api.github.com): reads of bound repos with the credential, public
+// reads of any other repo without it, the pull-request writes of repoWrites on bound repos, and
+// a few account reads.
+func repoREST(r *http.Request, path string, bound func(string) bool) (Decision, bool) {
+	read := r.Method == http.MethodGet || r.Method == http.MethodHead
+	repo, rest, ok := apiRepo(path)
+	switch {
+	case !ok:
+		if read && slices.Contains(userReads, path) {
+			return Decision{Allow: true, Rule: RuleRepoREST, Reason: fmt.Sprintf("account read %s", path)}, true
+		}
+	case bound(repo) && read:
+		return Decision{Allow: true, Rule: RuleRepoREST, Reason: fmt.Sprintf("read of bound repo %s", repo)}, true
+	case bound(repo):
+		for _, w := range repoWrites {
+			if r.Method == w.method && w.rest.MatchString(rest) {
+				return Decision{Allow: true, Rule: RuleRepoREST, Reason: fmt.Sprintf("%s /repos/%s/%s on bound repo", r.Method, repo, rest)}, true
+			}
+		}
+		return deny(RuleRepoWrite, fmt.Sprintf("nexus: refused: %s on bound repo %s is not one of the pull-request writes a sandbox may make (it may push to its allowed branches and open pull requests with POST /repos/%s/pulls)",
+			method(r), repo, repo)), true
+	case read:
+		return Decision{Allow: true, StripCredential: true, Rule: RulePublicRead,
+			Reason: fmt.Sprintf("public read of %s, forwarded without credentials", redactPath(repo))}, true
+	}
+	return Decision{}, false
 }
 
 var releaseAssets = regexp.MustCompile(`^releases/[0-9]{1,20}/assets$`)
@@ -286,7 +331,7 @@ func (e *Engine) smartHTTP(r *http.Request, rt githubRoute) Decision {
 			return e.push(r, rt)
 		}
 	}
-	return deny(RuleSmartHTTP, fmt.Sprintf("nexus: refused: %s %s is not a git smart-HTTP request (dumb HTTP is not served)", r.Method, rt.smart))
+	return deny(RuleSmartHTTP, fmt.Sprintf("nexus: refused: %s %s is not a git smart-HTTP request (dumb HTTP is not served)", method(r), rt.smart))
 }
 
 // push reads the ref updates of a receive-pack request and holds them to the allowed branches.
@@ -411,5 +456,8 @@ func describeRepos(repos []string) string {
 	}
 	return strings.Join(repos, ", ")
 }
+
+// method is the request's method, bounded for a one-line reason.
+func method(r *http.Request) string { return clip(r.Method) }
 
 func deny(rule, reason string) Decision { return Decision{Rule: rule, Reason: reason} }
