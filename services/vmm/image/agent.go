@@ -62,7 +62,7 @@ func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progr
 	// debootstrap's resolver cannot install npm's dependency tree; apt in the root can. The debs
 	// stay in the download cache (the bind mount), so a rebuild fetches only the package lists.
 	progress("apt-get install "+strings.Join(AgentPackages, " "), 0.5)
-	aptInstall := "apt-get update -q && apt-get install -y -q --no-install-recommends " + strings.Join(AgentPackages, " ")
+	aptInstall := "apt-get update -q && apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-unsafe-io " + strings.Join(AgentPackages, " ")
 	if _, err := inChroot(ctx, root, binds, aptInstall); err != nil {
 		return fmt.Errorf("image build %s: %w", AgentBase, err)
 	}
@@ -73,8 +73,20 @@ func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progr
 		}
 	}
 
+	// npm fetches over TLS with the host's trust (a host behind a TLS-inspecting proxy trusts
+	// its CA there); the bundle is copied in for the install and removed after it.
+	caInRoot := "/tmp/nexus-build-ca.pem"
+	if b, err := os.ReadFile(hostCABundle()); err == nil {
+		if err := os.WriteFile(filepath.Join(root, caInRoot), b, 0o644); err != nil {
+			return fmt.Errorf("image build %s: %w", AgentBase, err)
+		}
+		defer os.Remove(filepath.Join(root, caInRoot))
+	} else {
+		caInRoot = "/etc/ssl/certs/ca-certificates.crt" // the image's own store
+	}
 	progress("npm install -g "+strings.Join(AgentNPMPackages, " "), 0.65)
-	install := "npm install -g --prefix /usr/local --no-audit --no-fund --no-update-notifier --loglevel=error --cache " + npmCacheInRoot + " " + strings.Join(AgentNPMPackages, " ")
+	install := "npm install -g --prefix /usr/local --no-audit --no-fund --no-update-notifier --loglevel=error --cache " + npmCacheInRoot +
+		" --cafile " + caInRoot + " " + strings.Join(AgentNPMPackages, " ")
 	if _, err := inChroot(ctx, root, binds, install); err != nil {
 		return fmt.Errorf("image build %s: %w", AgentBase, err)
 	}
@@ -100,6 +112,16 @@ func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progr
 	os.RemoveAll(filepath.Join(root, "root", ".npm"))
 	os.RemoveAll(filepath.Join(root, "root", ".config"))
 	return os.Remove(filepath.Join(root, npmCacheInRoot))
+}
+
+// hostCABundle is the host's CA bundle: $SSL_CERT_FILE, or Debian's system bundle.
+func hostCABundle() string {
+	if f := os.Getenv("SSL_CERT_FILE"); f != "" {
+		if _, err := os.Stat(f); err == nil {
+			return f
+		}
+	}
+	return "/etc/ssl/certs/ca-certificates.crt"
 }
 
 // bind is a host directory mounted at a path inside the image root during the build.
