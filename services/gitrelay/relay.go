@@ -67,18 +67,6 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// countingWriter counts the bytes written through it.
-type countingWriter struct {
-	w io.Writer
-	n *atomic.Int64
-}
-
-func (c countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
 func (s *Service) serve(ctx context.Context, l *listener, c *net.UnixConn) {
 	defer c.Close()
 	ss := &session{s: s, l: l, c: c, fr: api.NewFrameReader(c), out: &lockedWriter{w: c},
@@ -199,10 +187,12 @@ func (ss *session) relay(ctx context.Context, cmd Command, pol *Policy, proto st
 		x.Env = append(x.Env, "GIT_PROTOCOL="+proto)
 	}
 	x.WaitDelay = 5 * time.Second
-	var outBytes atomic.Int64
-	x.Stdout = countingWriter{w: api.FrameWriter{W: ss.out, Typ: api.FrameStdout}, n: &outBytes}
 	x.Stderr = api.FrameWriter{W: ss.out, Typ: api.FrameStderr}
 	stdin, err := x.StdinPipe()
+	var stdout io.ReadCloser
+	if err == nil {
+		stdout, err = x.StdoutPipe()
+	}
 	if err == nil {
 		err = x.Start()
 	}
@@ -256,6 +246,12 @@ func (ss *session) relay(ctx context.Context, cmd Command, pol *Policy, proto st
 			kill() // the guest went away mid-stream
 		}
 	}()
+	// ssh's stdout → the guest, in frames of up to 64 KiB; read to the end before Wait.
+	outBytes, cerr := api.CopyFrames(ss.out, api.FrameStdout, stdout)
+	if cerr != nil {
+		kill() // the guest went away: stop the remote side too
+		io.Copy(io.Discard, stdout)
+	}
 	werr := x.Wait()
 	code := 0
 	if werr != nil {
@@ -270,7 +266,7 @@ func (ss *session) relay(ctx context.Context, cmd Command, pol *Policy, proto st
 	}
 	// Otherwise the pump may still wait on the guest (the remote ended first): the exit frame
 	// lets the shim hang up, which ends it.
-	ss.ev.Bytes = outBytes.Load() + in.n.Load()
+	ss.ev.Bytes = outBytes + in.n.Load()
 	if refusal.msg != "" {
 		ss.ev.Decision, ss.ev.Rule, ss.ev.Reason = audit.Deny, refusal.rule, refusal.msg
 		s.cfg.Audit.Emit(context.Background(), ss.ev)

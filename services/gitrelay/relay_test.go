@@ -1,12 +1,13 @@
 package gitrelay
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -59,11 +60,11 @@ func testShim(sock string, args []string) int {
 	hello, _ := json.Marshal(api.Hello{Args: args, GitProtocol: os.Getenv("GIT_PROTOCOL")})
 	api.WriteFrame(c, api.FrameHello, hello)
 	go func() {
-		if _, err := io.Copy(api.FrameWriter{W: c, Typ: api.FrameStdin}, os.Stdin); err == nil {
+		if _, err := api.CopyFrames(c, api.FrameStdin, os.Stdin); err == nil {
 			api.WriteFrame(c, api.FrameStdinEOF, nil)
 		}
 	}()
-	fr := api.NewFrameReader(c)
+	fr := api.NewFrameReader(bufio.NewReaderSize(c, 128<<10))
 	for {
 		typ, p, err := fr.Next(api.MaxFrame)
 		if err != nil {
@@ -105,17 +106,18 @@ func (c *capture) find(match func(audit.Event) bool) (audit.Event, bool) {
 }
 
 type fixture struct {
-	t      *testing.T
-	home   home.Dir
-	repos  string
-	sock   string
-	events *capture
-	work   string
-	env    []string
-	argLog string
+	t       testing.TB
+	home    home.Dir
+	repos   string
+	sock    string
+	events  *capture
+	work    string
+	env     []string
+	argLog  string
+	fakeSSH string
 }
 
-func git(t *testing.T, dir string, env []string, args ...string) (string, string, error) {
+func git(t testing.TB, dir string, env []string, args ...string) (string, string, error) {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
@@ -126,7 +128,7 @@ func git(t *testing.T, dir string, env []string, args ...string) (string, string
 	return out.String(), errb.String(), err
 }
 
-func mustGit(t *testing.T, dir string, env []string, args ...string) string {
+func mustGit(t testing.TB, dir string, env []string, args ...string) string {
 	t.Helper()
 	out, errOut, err := git(t, dir, env, args...)
 	if err != nil {
@@ -151,7 +153,7 @@ func refsOf(t *testing.T, bare string) string {
 	return b.String()
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	if _, err := exec.LookPath("git-shell"); err != nil {
 		t.Skip("git-shell not installed")
 	}
@@ -223,6 +225,7 @@ cd "$REPOS" && exec git-shell -c "$last"
 		return nil
 	})
 	exe, _ := os.Executable()
+	f.fakeSSH = fakeSSH
 	f.env = append(f.env, shimEnv+"="+f.sock, "GIT_SSH_COMMAND="+exe)
 	return f
 }
@@ -322,5 +325,48 @@ func TestRelayRefusals(t *testing.T) {
 		return ev.Decision == audit.Deny && ev.Rule == RuleRepo && ev.Path == "acme/other" && ev.Host == "github.com"
 	}); !ok {
 		t.Error("no deny event for the foreign repo")
+	}
+}
+
+// BenchmarkRelayClone measures what the relay adds to a clone on the host alone (no VM): git
+// through the shim, the relay and the "ssh" (git-shell) against git running the same "ssh"
+// directly. Reported: ms per clone each way and the ratio.
+func BenchmarkRelayClone(b *testing.B) {
+	f := newFixture(b)
+	// A 32 MiB repo of random blobs.
+	big := filepath.Join(f.repos, "acme/app.git")
+	work := b.TempDir()
+	mustGit(b, work, f.env, "clone", "-q", big, "w")
+	w := filepath.Join(work, "w")
+	buf := make([]byte, 1<<20)
+	for i := range 32 {
+		rand.Read(buf)
+		os.WriteFile(filepath.Join(w, fmt.Sprintf("blob-%02d", i)), buf, 0o644)
+	}
+	mustGit(b, w, f.env, "add", ".")
+	mustGit(b, w, f.env, "commit", "-q", "-m", "big")
+	mustGit(b, w, f.env, "push", "-q", big, "HEAD:refs/heads/main")
+	mustGit(b, big, f.env, "repack", "-a", "-d", "-q") // clones then send the stored pack
+	direct := append(append([]string{}, f.env...), "REPOS="+f.repos, "ARG_LOG="+filepath.Join(work, "args"), "GIT_SSH_COMMAND="+f.fakeSSH)
+	var dDirect, dRelay time.Duration
+	for _, c := range []struct {
+		name string
+		env  []string
+		d    *time.Duration
+	}{{"direct", direct, &dDirect}, {"relay", f.env, &dRelay}} {
+		b.Run(c.name, func(b *testing.B) {
+			var total time.Duration
+			for i := 0; b.Loop(); i++ {
+				dst := filepath.Join(b.TempDir(), "c")
+				t0 := time.Now()
+				mustGit(b, work, c.env, "clone", "-q", "--no-checkout", "git@github.com:acme/app.git", dst)
+				total += time.Since(t0)
+			}
+			*c.d = total / time.Duration(b.N)
+			b.ReportMetric(float64(c.d.Milliseconds()), "ms/clone")
+		})
+	}
+	if dDirect > 0 {
+		b.ReportMetric(float64(dRelay)/float64(dDirect), "relay/direct")
 	}
 }

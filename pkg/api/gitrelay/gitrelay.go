@@ -120,6 +120,31 @@ func (f *FrameReader) Next(max int) (byte, []byte, error) {
 	return f.hdr[0], f.buf, nil
 }
 
+// CopyFrames reads r until EOF and writes what it reads as frames of type typ (up to MaxFrame
+// each, header and payload in one write, no allocation per frame). It returns the payload bytes
+// written; io.EOF from r is not an error.
+func CopyFrames(w io.Writer, typ byte, r io.Reader) (int64, error) {
+	buf := make([]byte, 5+MaxFrame)
+	var n int64
+	for {
+		k, err := r.Read(buf[5:])
+		if k > 0 {
+			buf[0] = typ
+			binary.BigEndian.PutUint32(buf[1:5], uint32(k))
+			if _, werr := w.Write(buf[:5+k]); werr != nil {
+				return n, werr
+			}
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 // FrameWriter is an io.Writer that wraps each Write in frames of one type.
 type FrameWriter struct {
 	W   io.Writer

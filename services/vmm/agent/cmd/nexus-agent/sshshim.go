@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -47,11 +48,11 @@ func sshShim(args []string) int {
 	}
 	go func() {
 		// stdin → relay; the frames stay whole because only this goroutine writes to c.
-		if _, err := io.Copy(relayapi.FrameWriter{W: c, Typ: relayapi.FrameStdin}, os.Stdin); err == nil {
+		if _, err := relayapi.CopyFrames(c, relayapi.FrameStdin, os.Stdin); err == nil {
 			relayapi.WriteFrame(c, relayapi.FrameStdinEOF, nil)
 		}
 	}()
-	fr := relayapi.NewFrameReader(c)
+	fr := relayapi.NewFrameReader(bufio.NewReaderSize(c, 128<<10))
 	for {
 		typ, p, err := fr.Next(relayapi.MaxFrame)
 		if err != nil {
