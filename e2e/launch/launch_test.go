@@ -75,10 +75,12 @@ func TestRefusals(t *testing.T) {
 }
 
 func TestExitStatusAndRemoval(t *testing.T) {
+	start := time.Now()
 	out, errOut, code := stack.Nexus(t, "agent", "launch", "nexus-mini", "/bin/sh", "-c", "echo out; echo err >&2; exit 7")
 	if code != 7 || out != "out\n" || errOut != "err\n" {
 		t.Fatalf("got exit %d, stdout %q, stderr %q; want 7, out, err", code, out, errOut)
 	}
+	t.Logf("exit 7 after %.1fs", time.Since(start).Seconds())
 	requireNoneLeft(t)
 	// Stdin is a pipe here: it reaches the command, which sees no terminal.
 	out, _, code = stack.NexusIn(t, []byte("piped\n"), "herdr", "launch", "nexus-mini", "/bin/sh", "-c", "cat; [ -t 0 ] && echo tty || echo notty")
@@ -86,7 +88,9 @@ func TestExitStatusAndRemoval(t *testing.T) {
 		t.Fatalf("pipes: exit %d, stdout %q", code, out)
 	}
 	// A command that does not exist: a clear error, a failing status, nothing left.
+	start = time.Now()
 	_, errOut, code = stack.Nexus(t, "agent", "launch", "nexus-mini", "/no/such/program")
+	t.Logf("missing program: exit %d after %.1fs: %s", code, time.Since(start).Seconds(), strings.TrimSpace(errOut))
 	if code == 0 || errOut == "" {
 		t.Fatalf("missing program: exit %d, stderr %q", code, errOut)
 	}
