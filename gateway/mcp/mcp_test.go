@@ -62,6 +62,8 @@ func TestToolsList(t *testing.T) {
 		"delegate_agent_dispatch":  {[]string{"sandbox", "brief"}, []string{"command"}},
 		"delegate_agent_poll":      {[]string{"sandbox"}, []string{"commits"}},
 		"delegate_teardown":        {[]string{"sandbox"}, []string{"force"}},
+		"sandbox_snapshot":         {[]string{"name", "snapshot"}, nil},
+		"sandbox_fork":             {[]string{"snapshot", "name"}, []string{"labels"}},
 	}
 	if len(got) != len(want) {
 		t.Errorf("got %d tools, want %d", len(got), len(want))

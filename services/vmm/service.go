@@ -181,7 +181,7 @@ loop:
 			if ctx.Err() != nil {
 				return
 			}
-			if st, qerr := m.vm.Status(ctx); qerr == nil && st == "paused" {
+			if st, qerr := m.vm.Status(ctx); qerr == nil && (st == "paused" || st == "postmigrate") { // postmigrate: paused when snapshotted
 				missed = 0 // a paused guest cannot answer
 				continue
 			}
@@ -238,7 +238,7 @@ func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, err
 
 func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
 	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid, Started: m.vm.Started, RSSBytes: rss(m.vm.Pid)}
-	if st, err := m.vm.Status(ctx); err == nil && st == "paused" {
+	if st, err := m.vm.Status(ctx); err == nil && (st == "paused" || st == "postmigrate") {
 		vi.Paused = true
 	}
 	return vi

@@ -105,7 +105,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	if err != nil {
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
-	wasPaused := st == "paused"
+	wasPaused := st == "paused" || st == "postmigrate" // postmigrate: paused, and snapshotted before
 	paused := time.Now()
 	err = s.capture(ctx, m, spec, tmp, &info)
 	if !wasPaused {
