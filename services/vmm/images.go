@@ -83,5 +83,5 @@ func (s *Service) imageUsers(name string) []string {
 			out = append(out, filepath.Base(filepath.Dir(f)))
 		}
 	}
-	return out
+	return append(out, s.snapshotsOfImage(name)...)
 }

@@ -448,6 +448,18 @@ func (s *Service) snapshotList(ctx context.Context, _ api.Empty) ([]api.Snapshot
 	return out, nil
 }
 
+// snapshotsOfImage names ("snapshot <name>") the snapshots whose disk is backed by image.
+func (s *Service) snapshotsOfImage(image string) []string {
+	list, _ := s.snapshotList(context.Background(), api.Empty{})
+	var out []string
+	for _, info := range list {
+		if info.Image == image {
+			out = append(out, "snapshot "+info.Name)
+		}
+	}
+	return out
+}
+
 // cleanSnapshotTemps removes what a crash mid-snapshot or mid-remove left behind.
 func (s *Service) cleanSnapshotTemps() {
 	for _, pat := range []string{".tmp-*", ".rm-*"} {
