@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/IniZio/nexus/pkg/agentproto"
@@ -81,6 +82,9 @@ func (s *Service) prepare(ctx context.Context, p *steps) (*bootFiles, error) {
 // start boots the VM of a sandbox and returns once its agent answered and is configured.
 // A stopped sandbox boots again on the disk it had.
 func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartResponse, error) {
+	// A stop or remove that arrives while this boot runs waits for it, then undoes it: no VM
+	// can be left running behind a record that is gone.
+	defer s.lockID(r.ID)()
 	s.mu.Lock()
 	if _, ok := s.vms[r.ID]; ok {
 		s.mu.Unlock()
@@ -251,6 +255,19 @@ func (s *Service) isStopping(m *machine) bool {
 // stop shuts the guest down cleanly (sync, unmount, power off) and waits for QEMU to exit;
 // force, or a guest that does not finish in time, kills it. The disk stays.
 func (s *Service) stop(ctx context.Context, r api.IDRequest) (api.Empty, error) {
+	defer s.lockID(r.ID)()
+	return s.stopLocked(ctx, r)
+}
+
+// lockID serialises lifecycle verbs on one sandbox; it returns the unlock.
+func (s *Service) lockID(id string) func() {
+	v, _ := s.idLocks.LoadOrStore(id, &sync.Mutex{})
+	mu := v.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
+}
+
+func (s *Service) stopLocked(ctx context.Context, r api.IDRequest) (api.Empty, error) {
 	s.mu.Lock()
 	m, ok := s.vms[r.ID]
 	if ok {
@@ -304,7 +321,8 @@ func (s *Service) resume(ctx context.Context, r api.IDRequest) (api.Empty, error
 
 // remove kills the VM if it runs and deletes everything of the sandbox on this host.
 func (s *Service) remove(ctx context.Context, r api.IDRequest) (api.Empty, error) {
-	if _, err := s.stop(ctx, api.IDRequest{ID: r.ID, Force: true}); err != nil {
+	defer s.lockID(r.ID)()
+	if _, err := s.stopLocked(ctx, api.IDRequest{ID: r.ID, Force: true}); err != nil {
 		return api.Empty{}, err
 	}
 	dir := s.cfg.Home.Sandbox(r.ID)

@@ -53,8 +53,9 @@ type Service struct {
 	bootMu sync.Mutex // serialises kernel and initramfs preparation
 	boot   *bootFiles
 
-	mu  sync.Mutex
-	vms map[string]*machine
+	mu      sync.Mutex
+	vms     map[string]*machine
+	idLocks sync.Map // sandbox id → *sync.Mutex, see lockID
 
 	snapMu sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
 }
