@@ -269,3 +269,22 @@ func containsLine(text, line string) bool {
 	}
 	return false
 }
+
+// TestConfigPolicy: a repo listed under egress.policy in .nexus/config.yaml (not bound with
+// --repo) may be cloned over the relay.
+func TestConfigPolicy(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	os.WriteFile(cfg, []byte("version: 1\negress:\n  policy:\n    github.com:\n      repos: [acme/other]\n"), 0o644)
+	name := "gr-config"
+	create(t, name, "--config", cfg)
+	out := stack.MustNexus(t, "ps", "-a", "--json")
+	if !strings.Contains(out, `"acme/other"`) {
+		t.Skip("the gateway does not record the sandbox's .nexus/config.yaml yet")
+	}
+	mustSh(t, name, "git clone -q git@github.com:acme/other.git /root/other && test -f /root/other/README")
+	_, errOut, code := sh(t, name, "git clone git@github.com:acme/app.git /root/app")
+	want := "nexus: refused by egress policy: github.com acme/app not in .nexus/config.yaml egress.policy"
+	if code == 0 || !containsLine(errOut, want) {
+		t.Fatalf("clone of acme/app (not in this sandbox's policy): exit %d\n%s", code, errOut)
+	}
+}

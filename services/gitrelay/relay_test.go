@@ -115,6 +115,7 @@ type fixture struct {
 	env     []string
 	argLog  string
 	fakeSSH string
+	publish func(to gwapi.State)
 }
 
 func git(t testing.TB, dir string, env []string, args ...string) (string, string, error) {
@@ -211,10 +212,13 @@ cd "$REPOS" && exec git-shell -c "$last"
 		t.Fatal(err)
 	}
 	js, _ := jetstream.New(gw)
-	ev, _ := json.Marshal(gwapi.Event{Type: "state", Sandbox: rec.Name, ID: id, From: gwapi.StateStarting, To: gwapi.StateRunning, Time: time.Now()})
-	if _, err := js.Publish(ctx, gwapi.EventSubject(id), ev); err != nil {
-		t.Fatal(err)
+	f.publish = func(to gwapi.State) {
+		ev, _ := json.Marshal(gwapi.Event{Type: "state", Sandbox: rec.Name, ID: id, To: to, Time: time.Now()})
+		if _, err := js.Publish(ctx, gwapi.EventSubject(id), ev); err != nil {
+			t.Fatal(err)
+		}
 	}
+	f.publish(gwapi.StateRunning)
 	f.sock = filepath.Join(b.Home.Sandbox(id), api.SocketName)
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		c, err := net.Dial("unix", f.sock)
@@ -326,6 +330,26 @@ func TestRelayRefusals(t *testing.T) {
 	}); !ok {
 		t.Error("no deny event for the foreign repo")
 	}
+}
+
+// TestRelayFollowsLifecycle: the socket goes away when the sandbox stops and comes back when
+// it runs again.
+func TestRelayFollowsLifecycle(t *testing.T) {
+	f := newFixture(t)
+	f.publish(gwapi.StateStopping)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if _, err := os.Stat(f.sock); err == nil {
+			return errors.New("socket still there")
+		}
+		return nil
+	})
+	f.publish(gwapi.StateStarting)
+	f.publish(gwapi.StateRunning)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		_, err := os.Stat(f.sock)
+		return err
+	})
+	mustGit(t, f.work, f.env, "ls-remote", "git@github.com:acme/app.git")
 }
 
 // BenchmarkRelayClone measures what the relay adds to a clone on the host alone (no VM): git
