@@ -57,7 +57,8 @@ type Service struct {
 	vms     map[string]*machine
 	idLocks sync.Map // sandbox id → *sync.Mutex, see lockID
 
-	snapMu sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
+	snapMu   sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
+	snapping sync.Map     // ids of sandboxes being snapshotted (snapshot.go)
 }
 
 // New checks QEMU and the agent binary; Run serves.
