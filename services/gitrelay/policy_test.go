@@ -1,12 +1,15 @@
 package gitrelay
 
 import (
+	"bytes"
 	"slices"
+	"strings"
 	"testing"
 
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/httppolicy"
+	"github.com/IniZio/nexus/pkg/pktline"
 )
 
 func TestPolicy(t *testing.T) {
@@ -91,5 +94,47 @@ func TestParseHostsAndArgv(t *testing.T) {
 		"-p", "2200", "-o", "SendEnv=GIT_PROTOCOL", "--", "git@127.0.0.1", "git-upload-pack 'acme/app.git'"}
 	if !slices.Equal(got, wantArgv) {
 		t.Errorf("Argv =\n %q\nwant\n %q", got, wantArgv)
+	}
+}
+
+func TestJudgePush(t *testing.T) {
+	p, err := PolicyOf(&gwapi.Sandbox{Egress: gwapi.Egress{Mode: gwapi.EgressCurated}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, o := strings.Repeat("0", 40), strings.Repeat("a", 40)
+	push := func(refs ...string) []byte {
+		var b []byte
+		for i, r := range refs {
+			line := z + " " + o + " " + r
+			if i == 0 {
+				line += "\x00report-status side-band-64k"
+			}
+			b = pktline.AppendData(b, []byte(line+"\n"))
+		}
+		return append(pktline.AppendFlush(b), "PACK..."...)
+	}
+	for _, c := range []struct {
+		name string
+		data []byte
+		rule string
+	}{
+		{"allowed", push("refs/heads/nexus/x", "refs/heads/nexus/y/z"), ""},
+		{"main", push("refs/heads/main"), RulePushBranch},
+		{"mixed", push("refs/heads/nexus/x", "refs/tags/v1"), RulePushBranch},
+		{"nothing", pktline.AppendFlush(nil), ""},
+		{"malformed", []byte("zzzz"), RuleBadPush},
+		{"cut short", push("refs/heads/nexus/x")[:20], RuleBadPush},
+		{"signed", append(pktline.AppendData(nil, []byte("push-cert\x00report-status\n")), "0000"...), RuleBadPush},
+	} {
+		req, _, err := pktline.ReadUpdateRequest(bytes.NewReader(c.data), pktline.Limits{})
+		v := judgePush(req, err, p)
+		if v.rule != c.rule {
+			t.Errorf("%s: rule %q (%s), want %q", c.name, v.rule, v.msg, c.rule)
+		}
+	}
+	req, _, err := pktline.ReadUpdateRequest(bytes.NewReader(push("refs/heads/nexus/x", "refs/heads/main")), pktline.Limits{})
+	if v := judgePush(req, err, p); v.msg != "nexus: refused: ref refs/heads/main not in allowed branches" {
+		t.Errorf("refusal %q", v.msg)
 	}
 }

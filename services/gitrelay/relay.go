@@ -205,33 +205,18 @@ func (ss *session) relay(ctx context.Context, cmd Command, pol *Policy, proto st
 		return
 	}
 	in := &stdinReader{fr: ss.fr}
-	var refusal struct {
-		rule, msg string
-	}
-	var refs []string
+	// The pump's verdict on a push, published before it acts on it (kill or forward), so it is
+	// there once ssh has ended.
+	var verdict atomic.Pointer[pushVerdict]
 	pumped := make(chan struct{})
 	go func() {
 		defer close(pumped)
 		defer stdin.Close()
 		if cmd.Service == ReceivePack {
 			req, raw, err := pktline.ReadUpdateRequest(in, pktline.Limits{MaxBytes: httppolicy.MaxPushCommands})
-			switch {
-			case errors.Is(err, pktline.ErrSignedPush):
-				refusal.rule, refusal.msg = RuleBadPush, "nexus: refused: signed pushes (git push --signed) are not supported"
-			case errors.Is(err, pktline.ErrTooLarge):
-				refusal.rule, refusal.msg = RuleBadPush, "nexus: refused: push updates too many refs at once"
-			case err != nil:
-				refusal.rule, refusal.msg = RuleBadPush, "nexus: refused: malformed git push request"
-			default:
-				for _, c := range req.Commands {
-					if !pol.BranchAllowed(c.Ref) {
-						refusal.rule, refusal.msg = RulePushBranch, RefRefusal(c.Ref).Error()
-						break
-					}
-					refs = append(refs, c.Ref)
-				}
-			}
-			if refusal.msg != "" {
+			v := judgePush(req, err, pol)
+			verdict.Store(v)
+			if v.msg != "" {
 				// Nothing of the commands reaches the remote: ssh is killed with its stdin
 				// untouched, so receive-pack sees no update request at all.
 				kill()
@@ -261,25 +246,52 @@ func (ss *session) relay(ctx context.Context, cmd Command, pol *Policy, proto st
 			code = ee.ExitCode()
 		}
 	}
-	if refusal.msg != "" {
+	v := verdict.Load()
+	if v != nil && v.msg != "" {
 		<-pumped // it returned right after deciding
+		ss.ev.Bytes = outBytes + in.n.Load()
+		ss.ev.Decision, ss.ev.Rule, ss.ev.Reason = audit.Deny, v.rule, v.msg
+		s.cfg.Audit.Emit(context.Background(), ss.ev)
+		s.log.Info().Str(logSandbox, ss.l.name).Str("rule", v.rule).Str("reason", v.msg).Msg("gitrelay: refused")
+		ss.finish(exitRefused, v.msg, true)
+		return
 	}
 	// Otherwise the pump may still wait on the guest (the remote ended first): the exit frame
 	// lets the shim hang up, which ends it.
 	ss.ev.Bytes = outBytes + in.n.Load()
-	if refusal.msg != "" {
-		ss.ev.Decision, ss.ev.Rule, ss.ev.Reason = audit.Deny, refusal.rule, refusal.msg
-		s.cfg.Audit.Emit(context.Background(), ss.ev)
-		s.log.Info().Str(logSandbox, ss.l.name).Str("rule", refusal.rule).Str("reason", refusal.msg).Msg("gitrelay: refused")
-		ss.finish(exitRefused, refusal.msg, true)
-		return
-	}
 	ss.ev.Decision, ss.ev.Rule, ss.ev.Status = audit.Allow, RuleRelay, code
 	ss.ev.Reason = fmt.Sprintf("%s of %s on %s relayed", cmd.Service, cmd.Repo, cmd.Host)
-	if cmd.Service == ReceivePack {
-		ss.ev.Reason += fmt.Sprintf("; refs %s within %s", strings.Join(refs, " "), strings.Join(pol.Branches, ", "))
+	if v != nil {
+		ss.ev.Reason += fmt.Sprintf("; refs [%s] within %s", strings.Join(v.refs, " "), strings.Join(pol.Branches, ", "))
 	}
 	s.cfg.Audit.Emit(context.Background(), ss.ev)
 	ss.finish(code, "", false)
 	<-pumped
+}
+
+// pushVerdict is the judgement of a push's update request: a refusal (rule and the line for
+// git's stderr) or the refs it may update.
+type pushVerdict struct {
+	rule, msg string
+	refs      []string
+}
+
+// judgePush holds a parsed update request to the allowed branches.
+func judgePush(req *pktline.UpdateRequest, err error, pol *Policy) *pushVerdict {
+	switch {
+	case errors.Is(err, pktline.ErrSignedPush):
+		return &pushVerdict{rule: RuleBadPush, msg: "nexus: refused: signed pushes (git push --signed) are not supported"}
+	case errors.Is(err, pktline.ErrTooLarge):
+		return &pushVerdict{rule: RuleBadPush, msg: "nexus: refused: push updates too many refs at once"}
+	case err != nil:
+		return &pushVerdict{rule: RuleBadPush, msg: "nexus: refused: malformed git push request"}
+	}
+	v := &pushVerdict{}
+	for _, c := range req.Commands {
+		if !pol.BranchAllowed(c.Ref) {
+			return &pushVerdict{rule: RulePushBranch, msg: RefRefusal(c.Ref).Error()}
+		}
+		v.refs = append(v.refs, c.Ref)
+	}
+	return v
 }
