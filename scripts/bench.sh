@@ -13,6 +13,9 @@ runs=(
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"
 	"./services/vmm/guest . 1s"
+	"./services/gitrelay RelayClone 5x"
+	"./e2e/gitrelay Clone50MB 1x"
+	"./e2e/portfwd . 3x"
 )
 for r in "${runs[@]}"; do
 	read -r pkg pattern benchtime <<<"$r"
