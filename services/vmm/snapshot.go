@@ -60,6 +60,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	if err := api.CheckSnapshotName(r.Snapshot); err != nil {
 		return api.SnapshotInfo{}, err
 	}
+	defer s.lockID(r.ID)() // no stop or remove while the VM is stopped for the copy
 	m, err := s.get(r.ID)
 	if err != nil {
 		return api.SnapshotInfo{}, err
@@ -266,6 +267,7 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 	if !sandboxIDRe.MatchString(r.ID) {
 		return api.StartResponse{}, errdefs.Invalid("fork: bad sandbox id %q", r.ID)
 	}
+	defer s.lockID(r.ID)() // like start: a stop or remove during the fork waits for it
 	s.mu.Lock()
 	_, running := s.vms[r.ID]
 	s.mu.Unlock()
