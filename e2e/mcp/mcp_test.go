@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,32 +23,7 @@ import (
 
 var stack *testutil.Stack
 
-func TestMain(m *testing.M) {
-	if err := testutil.QEMUAvailable(); err != nil {
-		if os.Getenv("CI") != "" {
-			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
-			os.Exit(1)
-		}
-		fmt.Fprintln(os.Stderr, "skipping VM tests:", err)
-		os.Exit(0)
-	}
-	var err error
-	stack, err = testutil.StartStack()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if code != 0 {
-		log := stack.Log()
-		if len(log) > 20000 {
-			log = log[len(log)-20000:]
-		}
-		fmt.Fprintln(os.Stderr, "---- nexus up log (tail) ----\n"+log)
-	}
-	stack.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.Main(m, &stack) }
 
 var miniOnce sync.Once
 
