@@ -56,6 +56,10 @@ type VMSpec struct {
 
 	Disk       string // root disk: qcow2 overlay over the read-only base image
 	NetSocket  string // unix socket QEMU listens on for the user-mode network stack; empty: no NIC at all
+	// NetdevArgs, when set, replace the NIC's `-netdev stream…` arguments with other QEMU
+	// arguments defining netdev id net0 (e.g. "-netdev", "user,id=net0"): benchmarks compare
+	// the netstack with QEMU's own networking and passt this way. Sandboxes never set it.
+	NetdevArgs []string
 	MAC        string // default derived from ID
 	Mounts     []Mount
 	ExtraDisks []Disk
@@ -295,14 +299,17 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 		"-device", "virtio-serial-device,max_ports=2",
 		"-chardev", "socket,id=agent,path="+AgentSocket(s.Dir)+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name="+AgentPortName)
-	if s.NetSocket != "" {
+	if s.NetSocket != "" || len(s.NetdevArgs) > 0 {
 		mac := s.MAC
 		if mac == "" {
 			mac = defaultMAC(s.ID)
 		}
-		a = append(a,
-			"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path="+s.NetSocket,
-			"-device", "virtio-net-device,netdev=net0,mac="+mac)
+		netdev := s.NetdevArgs
+		if len(netdev) == 0 {
+			netdev = []string{"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=" + s.NetSocket}
+		}
+		a = append(a, netdev...)
+		a = append(a, "-device", "virtio-net-device,netdev=net0,mac="+mac)
 	}
 	for i, m := range s.Mounts {
 		fs := fmt.Sprintf("local,id=fs%d,path=%s,security_model=none", i, m.HostPath)
