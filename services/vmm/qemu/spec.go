@@ -56,13 +56,14 @@ type VMSpec struct {
 
 	Disk       string // root disk: qcow2 overlay over the read-only base image
 	NetSocket  string // unix socket QEMU listens on for the user-mode network stack; empty: no NIC at all
+	MAC        string // default derived from ID
+	Mounts     []Mount
+	ExtraDisks []Disk
+
 	// NetdevArgs, when set, replace the NIC's `-netdev stream…` arguments with other QEMU
 	// arguments defining netdev id net0 (e.g. "-netdev", "user,id=net0"): benchmarks compare
 	// the netstack with QEMU's own networking and passt this way. Sandboxes never set it.
 	NetdevArgs []string
-	MAC        string // default derived from ID
-	Mounts     []Mount
-	ExtraDisks []Disk
 
 	// RAMPath is the memory-backend file; default /dev/shm/nexus-<id>-<hash of Dir>.ram.
 	RAMPath string
