@@ -9,6 +9,7 @@ out=$(mktemp)
 runs=(
 	"./e2e/bench Boot|IdleMemory|Create10|Fork|Pause 3x"
 	"./e2e/bench ExecTrue|Keystroke|Clone 200x"
+	"./e2e/bench GuestNet 1x"
 	"./services/mitm . 2s"
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"

@@ -29,8 +29,12 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	var err error
-	if stack, err = testutil.StartStack(); err != nil {
+	resolve, err := startNetServer()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if stack, err = testutil.StartStack(resolve); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
