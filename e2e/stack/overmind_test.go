@@ -65,6 +65,12 @@ func TestOvermindSurvivesKill9(t *testing.T) {
 
 	for _, victim := range []string{"bus", "gateway", "vmm"} {
 		syscall.Kill(pids[victim], syscall.SIGKILL)
+		t.Cleanup(func() {
+			if t.Failed() {
+				out, _ := overmind("status").CombinedOutput()
+				t.Logf("overmind status after kill -9 of %s:\n%s", victim, out)
+			}
+		})
 		pids = waitGreen(t, e, map[string]int{victim: pids[victim]})
 		testutil.WaitFor(t, 60*time.Second, func() error {
 			out, errOut, code := run(t, e, "exec", "om/box", "--", "cat", "/root/mark")
@@ -89,7 +95,7 @@ func waitGreen(t *testing.T, e []string, old map[string]int) map[string]int {
 	testutil.WaitFor(t, 90*time.Second, func() error {
 		rows, _ := statusOf(t, e)
 		if err := allUp(rows); err != nil {
-			return err
+			return fmt.Errorf("%w (status: %+v)", err, rows)
 		}
 		for _, r := range rows {
 			if old[r.Service] == r.PID {

@@ -118,9 +118,20 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	defer nc.Close()
-	if err := EnsureJetStream(ctx, nc); err != nil {
-		s.Shutdown()
-		return nil, err
+	// After an unclean stop JetStream recovers its store first; on a loaded machine that can
+	// outlast one API timeout, so keep asking for a while before giving up.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := EnsureJetStream(ctx, nc)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			s.Shutdown()
+			return nil, err
+		}
+		cfg.Log.Warn().Err(err).Msg("jetstream not ready yet; retrying")
+		time.Sleep(500 * time.Millisecond)
 	}
 	return s, nil
 }
