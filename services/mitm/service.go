@@ -138,7 +138,11 @@ func (s *Service) register(p mitmapi.SandboxPolicy) error {
 	if strings.ContainsAny(p.ID, "/\\.") || p.ID == "" {
 		return errdefs.Invalid("mitm: bad sandbox id %q", p.ID)
 	}
-	sb, err := NewSandbox(p, nil)
+	hp, err := requestPolicy(p)
+	if err != nil {
+		return err
+	}
+	sb, err := NewSandbox(p, hp)
 	if err != nil {
 		return err
 	}
@@ -166,7 +170,11 @@ func (s *Service) load() {
 		if json.Unmarshal(b, &p) != nil {
 			continue
 		}
-		if sb, err := NewSandbox(p, nil); err == nil {
+		hp, err := requestPolicy(p)
+		if err != nil {
+			continue
+		}
+		if sb, err := NewSandbox(p, hp); err == nil {
 			s.reg.Put(sb)
 		}
 	}
