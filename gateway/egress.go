@@ -8,6 +8,7 @@ import (
 
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/policy"
 	"github.com/IniZio/nexus/pkg/profile"
@@ -31,6 +32,26 @@ type egressPlan struct {
 	rules   []policy.Rule
 	hosts   []string // hostnames the mitm allows
 	secrets []api.SecretBinding
+	config  *config.Config // the project's .nexus/config.yaml, validated
+}
+
+// addSecret adds a binding, merging the hosts of one already bound under the same name
+// (--repo's GH_TOKEN and a config's GH_TOKEN are one placeholder).
+func (p *egressPlan) addSecret(b api.SecretBinding) {
+	for i := range p.secrets {
+		if p.secrets[i].Name == b.Name {
+			for _, h := range b.Hosts {
+				if !slices.Contains(p.secrets[i].Hosts, h) {
+					p.secrets[i].Hosts = append(p.secrets[i].Hosts, h)
+				}
+			}
+			if p.secrets[i].Env == "" {
+				p.secrets[i].Env = b.Env
+			}
+			return
+		}
+	}
+	p.secrets = append(p.secrets, b)
 }
 
 // bindings are the credbroker bindings of the plan's secrets.
@@ -100,6 +121,25 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 		}
 		allow = append(allow, hosts...)
 		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name)})
+	}
+	if c := r.Config; c != nil {
+		// .nexus/config.yaml: its open, policy-gated and secret hosts join the allowlist (the
+		// mitm's request policy then gates the policy hosts), its secrets are brokered.
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		p.config = c
+		allow = append(allow, c.Hosts()...)
+		for _, s := range c.Egress.Secrets {
+			if !secretExists(s.Name) {
+				return nil, errdefs.Invalid("egress.secrets in %s: no secret named %s: set it first with `nexus secret set %s`", c.Source, s.Name, s.Name)
+			}
+			env := s.Env
+			if env == "" {
+				env = envOf(s.Name)
+			}
+			p.addSecret(api.SecretBinding{Name: s.Name, Hosts: s.Hosts, Kind: kindOf(s.Name), Env: env})
+		}
 	}
 	for _, s := range prof.Secrets {
 		if secretExists(s.Name) {

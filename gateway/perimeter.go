@@ -61,6 +61,9 @@ func (g *Gateway) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 			creds = minted.Credentials
 		}
 		pol := mitmapi.SandboxPolicy{ID: sb.ID, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds}
+		if req := requestPolicy(sb); !req.Empty() {
+			pol.Requests = &req
+		}
 		if _, err := bus.Request[mitmapi.RegisterResponse](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbRegister), mitmapi.RegisterRequest{Policy: pol}); err != nil {
 			return nil, err
 		}

@@ -195,7 +195,7 @@ func (g *Gateway) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
-	sb.Egress, sb.Secrets = plan.egress, plan.secrets
+	sb.Egress, sb.Secrets, sb.Config = plan.egress, plan.secrets, plan.config
 	return sb, nil
 }
 
