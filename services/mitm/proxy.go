@@ -237,6 +237,16 @@ type reqState struct {
 	path    string
 	swapped bool
 	reqBody *countingBody
+	// rule is the request policy's rule for an allowed request ("" when no policy judged it).
+	rule string
+}
+
+// allowRule is the rule an allowed request's audit event names.
+func (rs *reqState) allowRule() string {
+	if rs.rule != "" {
+		return rs.rule
+	}
+	return RuleHostAllowed
 }
 
 func (p *Proxy) onConnect(target string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
@@ -337,6 +347,7 @@ func (p *Proxy) onRequest(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Reque
 			}
 			return req, p.deny(req, rs, http.StatusForbidden, rule, reason)
 		}
+		rs.rule = v.Rule
 		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
 			req.Header.Del("Authorization")
 			use.bearer, use.basicPass = "", ""
@@ -398,12 +409,12 @@ func (p *Proxy) roundTrip(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Respo
 	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
 		// 101: goproxy needs the body's io.ReadWriter to splice the WebSocket; the bytes that
 		// follow are not counted.
-		p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, RuleHostAllowed, "")
+		p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, rs.allowRule(), "")
 		return resp, nil
 	}
 	status := resp.StatusCode
 	resp.Body = &countingBody{ReadCloser: resp.Body, onClose: func(n int64) {
-		p.emitRequest(rs, status, n, audit.Allow, RuleHostAllowed, "")
+		p.emitRequest(rs, status, n, audit.Allow, rs.allowRule(), "")
 	}}
 	return resp, nil
 }

@@ -21,6 +21,9 @@ func requestPolicy(p mitmapi.SandboxPolicy) (HTTPPolicy, error) {
 	}
 	return HTTPPolicyFunc(func(r *http.Request, host string) Verdict {
 		d := eng.Decide(r, host)
+		if d.Rule == httppolicy.RuleOpenHost {
+			return Verdict{} // no policy gates the host: its audit rule stays host_allowed
+		}
 		return Verdict{Deny: !d.Allow, Rule: d.Rule, Reason: d.Reason, StripCredential: d.StripCredential}
 	}), nil
 }

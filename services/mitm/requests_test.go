@@ -53,9 +53,16 @@ func TestRequestPolicyFromRegistration(t *testing.T) {
 	if ev.Decision != audit.Deny || ev.Reason != want || ev.Status != 403 {
 		t.Fatalf("audit %+v", ev)
 	}
-	// A host the policy does not name stays open.
+	// The allowed request's audit event names the policy rule that allowed it.
+	if ev := h.waitEvent(t, func(ev audit.Event) bool { return ev.Path == "/v1/items" }); ev.Rule != httppolicy.RulePath || !ev.Swapped {
+		t.Fatalf("allowed audit %+v", ev)
+	}
+	// A host the policy does not name stays open, audited as before.
 	if resp, _ := get(t, c, "https://other.example.com/anything", nil); resp.StatusCode != 200 {
 		t.Fatalf("open host: %d", resp.StatusCode)
+	}
+	if ev := h.waitEvent(t, hostIs("other.example.com")); ev.Rule != RuleHostAllowed {
+		t.Fatalf("open host audit %+v", ev)
 	}
 	// A re-registration applies to new tunnels.
 	wire.Requests.Hosts[0].Paths = append(wire.Requests.Hosts[0].Paths, "POST /v1/upload")
@@ -96,6 +103,7 @@ func TestRequestPolicyWire(t *testing.T) {
 		{"GET", "https://github.com/evil/x.git/info/refs?service=git-upload-pack", Verdict{Deny: true, Rule: httppolicy.RuleForeignRepo}},
 		{"GET", "https://github.com/evil/x/archive/v1.zip", Verdict{Rule: httppolicy.RuleArtifact, StripCredential: true}},
 		{"GET", "https://api.github.com/", Verdict{Rule: httppolicy.RuleAPIRoot}},
+		{"GET", "https://registry.npmjs.org/x", Verdict{}},
 	} {
 		r, _ := http.NewRequest(tc.method, tc.url, nil)
 		v := hp.Decide(r, r.URL.Hostname())
