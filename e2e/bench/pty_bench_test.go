@@ -74,4 +74,3 @@ func tail(b []byte) []byte {
 	}
 	return b
 }
-
