@@ -218,26 +218,36 @@ func parseMounts(specs []string) ([]api.Mount, error) {
 	return out, nil
 }
 
-// boot moves sb through starting to running, or to failed with the reason.
-func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) error {
+// startBoot moves sb to starting and sets up its egress perimeter: the steps every boot of a
+// sandbox shares, cold or forked. On failure the sandbox is failed and nothing is left set up.
+func (g *Gateway) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, error) {
 	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
-		return err
+		return nil, err
 	}
 	prof, err := profile.Get(sb.Agent)
 	if err != nil {
 		g.fail(sb, err)
-		return err
+		return nil, err
 	}
 	plan, err := planFromRecord(sb)
 	if err != nil {
 		g.fail(sb, err)
-		return err
+		return nil, err
 	}
 	perim, err := g.setupPerimeter(ctx, sb, prof, plan)
 	if err != nil {
 		err = fmt.Errorf("egress perimeter: %w", err)
 		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)
+		return nil, err
+	}
+	return perim, nil
+}
+
+// boot moves sb through starting to running, or to failed with the reason.
+func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) error {
+	perim, err := g.startBoot(ctx, sb)
+	if err != nil {
 		return err
 	}
 	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,

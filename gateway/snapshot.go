@@ -16,7 +16,6 @@ import (
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
-	"github.com/IniZio/nexus/pkg/profile"
 )
 
 // Snapshots, forks and named volumes. The vmm of the parent's host does the disk and memory work
@@ -235,24 +234,8 @@ func (g *Gateway) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 
 // bootFork is boot for a fork: the same perimeter steps, then the vmm restores instead of booting.
 func (g *Gateway) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress string) error {
-	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
-		return err
-	}
-	prof, err := profile.Get(sb.Agent)
+	perim, err := g.startBoot(ctx, sb)
 	if err != nil {
-		g.fail(sb, err)
-		return err
-	}
-	plan, err := planFromRecord(sb)
-	if err != nil {
-		g.fail(sb, err)
-		return err
-	}
-	perim, err := g.setupPerimeter(ctx, sb, prof, plan)
-	if err != nil {
-		err = fmt.Errorf("egress perimeter: %w", err)
-		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
-		g.fail(sb, err)
 		return err
 	}
 	if len(perim.mounts) > 0 {
