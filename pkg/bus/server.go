@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 )
@@ -108,7 +109,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, errdefs.Unavailable("bus: the server did not become ready on %s:%d", cfg.Host, port)
 	}
 	s := &Server{ns: ns, lock: lock, url: ns.ClientURL(), home: cfg.Home}
-	if err := writeFileAtomic(urlPath(cfg.Home), []byte(s.url+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(urlPath(cfg.Home), []byte(s.url+"\n"), 0o600); err != nil {
 		s.Shutdown()
 		return nil, fmt.Errorf("bus: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -129,7 +130,7 @@ func ensureCreds(dir string) (map[string]Creds, error) {
 		}
 		c = Creds{User: u, Password: hex.EncodeToString(buf)}
 		b, _ := json.Marshal(c)
-		if err := writeFileAtomic(credsPath(dir, u), b, 0o600); err != nil {
+		if err := atomicfile.WriteFile(credsPath(dir, u), b, 0o600); err != nil {
 			return nil, fmt.Errorf("bus credentials: %w", err)
 		}
 		out[u] = c
@@ -148,28 +149,4 @@ func LoadCreds(dir, user string) (Creds, error) {
 		return Creds{}, fmt.Errorf("bus credentials %s are damaged; remove the file and restart the bus", credsPath(dir, user))
 	}
 	return c, nil
-}
-
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

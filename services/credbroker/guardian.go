@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/rs/zerolog"
 )
 
@@ -177,7 +178,7 @@ func (g *Guardian) Check(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("cred guardian: %w", err)
 	}
-	if err := writeFileAtomic(path, out, mode); err != nil {
+	if err := atomicfile.WriteFile(path, out, mode); err != nil {
 		return false, fmt.Errorf("cred guardian: %w", err)
 	}
 	g.log.Info().Str("path", path).Msg("claude OAuth token refreshed")

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"io"
 	"io/fs"
 	"os"
@@ -100,7 +101,7 @@ func loadOrCreateKey(dir string) ([]byte, error) {
 		if _, err := rand.Read(key); err != nil {
 			return nil, fmt.Errorf("secret store: generate key: %w", err)
 		}
-		if err := writeFileAtomic(path, key, 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, key, 0o600); err != nil {
 			return nil, fmt.Errorf("secret store: %w", err)
 		}
 		return key, nil
@@ -195,37 +196,8 @@ func (d *diskStore) save(st *state) (fileID, error) {
 	}
 	out := d.aead.Seal(nonce, nonce, plain, storeAAD)
 	clear(plain)
-	if err := writeFileAtomic(filepath.Join(d.dir, StoreFile), out, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(d.dir, StoreFile), out, 0o600); err != nil {
 		return fileID{}, fmt.Errorf("secret store: %w", err)
 	}
 	return d.stat(), nil
-}
-
-// writeFileAtomic writes data to a temp file beside path, syncs and renames it over path.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

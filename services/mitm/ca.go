@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"io/fs"
 	"math/big"
 	"net"
@@ -165,10 +166,10 @@ func createCA(dir string) (*CA, error) {
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 	// Key first: a crash between the two renames leaves no certificate, so the next start
 	// regenerates both instead of pairing a certificate with a missing key.
-	if err := writeFileAtomic(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, CACertFile), certPEM, 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, CACertFile), certPEM, 0o644); err != nil {
 		return nil, err
 	}
 	return &CA{cert: cert, key: key, certPEM: certPEM}, nil
@@ -220,34 +221,4 @@ func randomSerial() (*big.Int, error) {
 		return nil, fmt.Errorf("mitm ca: serial: %w", err)
 	}
 	return n.Add(n, big.NewInt(1)), nil
-}
-
-// writeFileAtomic writes data to a temp file in the same directory, syncs it and renames it over
-// path, so readers see the old content or the new, never a torn file.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 )
@@ -221,7 +222,7 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 		return nil, fmt.Errorf("image build %s: %w", name, err)
 	}
 	b, _ := json.MarshalIndent(info, "", "  ")
-	if err := writeAtomic(manifestPath(h, name), b); err != nil {
+	if err := atomicfile.WriteFile(manifestPath(h, name), b, 0o644); err != nil {
 		return nil, fmt.Errorf("image build %s: %w", name, err)
 	}
 	toCache(h, name, b)
@@ -257,22 +258,6 @@ func lock(ctx context.Context, h home.Dir, name string) (func(), error) {
 	}
 }
 
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(data)
-	err = errors.Join(werr, f.Sync(), f.Chmod(0o644), f.Close())
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
-	return err
-}
-
 // Recipe names the content of each image; change it when a build step changes so cached
 // copies of the old content are not reused.
 var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-1", AgentBase: "agent-base-bookworm-1"}
@@ -294,7 +279,7 @@ func toCache(h home.Dir, name string, manifest []byte) {
 	if err := linkOrCopy(imagePath(h, name), tmp); err != nil {
 		return
 	}
-	if writeAtomic(strings.TrimSuffix(dst, ".ext4")+".json", manifest) == nil {
+	if atomicfile.WriteFile(strings.TrimSuffix(dst, ".ext4")+".json", manifest, 0o644) == nil {
 		os.Rename(tmp, dst)
 	}
 }
@@ -317,7 +302,7 @@ func fromCache(h home.Dir, name string) (*Info, error) {
 	if err := os.Rename(tmp, imagePath(h, name)); err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(manifestPath(h, name), b); err != nil {
+	if err := atomicfile.WriteFile(manifestPath(h, name), b, 0o644); err != nil {
 		return nil, err
 	}
 	return Get(h, name)

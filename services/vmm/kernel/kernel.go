@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -165,7 +166,7 @@ func fetch(ctx context.Context, root string, progress Progress) (*Kernel, error)
 		return nil, fmt.Errorf("kernel: %w", err)
 	}
 	b, _ := json.Marshal(current{Version: version})
-	if err := writeAtomic(filepath.Join(root, "current.json"), b); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(root, "current.json"), b, 0o644); err != nil {
 		return nil, fmt.Errorf("kernel: %w", err)
 	}
 	progress("kernel ready", 1)
@@ -313,30 +314,4 @@ func lock(ctx context.Context, path string) (func(), error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }

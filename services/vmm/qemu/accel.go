@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
 )
 
@@ -66,7 +67,7 @@ func (d *Driver) Accelerator(ctx context.Context, kernel, kernelVersion string) 
 				all := readAccel(file)
 				all[key] = rec
 				b, _ := json.MarshalIndent(all, "", "  ")
-				writeAtomic(file, b)
+				atomicfile.WriteFile(file, b, 0o600)
 				unlock()
 			}
 		}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -106,8 +107,8 @@ func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
 	}()
 	st := state{ID: spec.ID, Pid: vm.Pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec}
 	b, _ := json.Marshal(st)
-	if err := writeAtomic(statePath(spec.Dir), b); err == nil {
-		err = writeAtomic(pidPath(spec.Dir), []byte(strconv.Itoa(vm.Pid)+"\n"))
+	if err := atomicfile.WriteFile(statePath(spec.Dir), b, 0o600); err == nil {
+		err = atomicfile.WriteFile(pidPath(spec.Dir), []byte(strconv.Itoa(vm.Pid)+"\n"), 0o600)
 	}
 	if err != nil {
 		vm.Kill()
@@ -407,20 +408,4 @@ func rotate(path string, max int64) {
 	if st, err := os.Stat(path); err == nil && st.Size() > max {
 		os.Rename(path, path+".1")
 	}
-}
-
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(data)
-	err = errors.Join(werr, f.Sync(), f.Close())
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
-	return err
 }
