@@ -34,20 +34,44 @@ func (l *trackedListener) Accept() (net.Conn, error) {
 }
 
 // idleConn is a guest connection. Once hijacked for a tunnel, every read first pushes the read
-// deadline IdleTimeout into the future; before that net/http's own header timeout applies.
+// deadline IdleTimeout into the future, unless a deadline set explicitly (a handshake or request
+// header timeout) comes sooner.
 type idleConn struct {
 	net.Conn
-	idle   time.Duration
-	p      *Proxy
-	armed  atomic.Bool
-	closed sync.Once
+	idle     time.Duration
+	p        *Proxy
+	armed    atomic.Bool
+	closed   sync.Once
+	deadline atomic.Int64 // explicit read deadline, unix nanoseconds; 0: none
 }
 
 func (c *idleConn) Read(b []byte) (int, error) {
 	if c.armed.Load() {
-		c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+		d := time.Now().Add(c.idle)
+		if ex := c.deadline.Load(); ex != 0 && ex < d.UnixNano() {
+			d = time.Unix(0, ex)
+		}
+		c.Conn.SetReadDeadline(d)
 	}
 	return c.Conn.Read(b)
+}
+
+func (c *idleConn) SetReadDeadline(t time.Time) error {
+	c.storeDeadline(t)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *idleConn) SetDeadline(t time.Time) error {
+	c.storeDeadline(t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *idleConn) storeDeadline(t time.Time) {
+	if t.IsZero() {
+		c.deadline.Store(0)
+		return
+	}
+	c.deadline.Store(t.UnixNano())
 }
 
 func (c *idleConn) Close() error {

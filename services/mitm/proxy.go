@@ -10,9 +10,10 @@
 // Resolver. Bodies stream in both directions; WebSocket upgrades pass. Each request ends in one
 // audit.Event, handed to the sink off the request path.
 //
-// It is built on elazarl/goproxy: goproxy owns the CONNECT and the HTTP/1.1 loop inside the
-// tunnel; this package supplies identity, certificates, policy, the swap and the upstream
-// transport.
+// elazarl/goproxy takes the CONNECT and hands the accepted connection over (ConnectHijack). The
+// proxy then terminates TLS itself and serves the tunnel with one inner net/http server, so the
+// guest's requests are read with net/http's limits (MaxHeaderBytes, header timeout, 100-continue)
+// and forwarded by httputil.ReverseProxy (hop-by-hop headers, trailers, upgrades, streaming).
 package mitm
 
 import (
@@ -25,6 +26,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,9 +105,13 @@ type Proxy struct {
 	tr     *http.Transport
 	audit  *auditQueue
 
-	mitmAction   *goproxy.ConnectAction
+	tunnelAction *goproxy.ConnectAction
 	rejectAction *goproxy.ConnectAction
-	rt           goproxy.RoundTripper
+
+	// inner serves the HTTP inside every tunnel; tunnels reach it through queue.
+	inner *http.Server
+	queue *connQueue
+	rp    *httputil.ReverseProxy
 
 	mu      sync.Mutex
 	closed  bool
@@ -146,9 +152,9 @@ func New(cfg Config) (*Proxy, error) {
 		servers: map[*http.Server]struct{}{},
 		conns:   map[*idleConn]struct{}{},
 	}
-	p.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: p.tlsConfig}
+	p.tunnelAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: p.hijack}
 	p.rejectAction = &goproxy.ConnectAction{Action: goproxy.ConnectReject}
-	p.rt = goproxy.RoundTripperFunc(p.roundTrip)
+	p.startInner()
 
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{p.log}
@@ -157,7 +163,6 @@ func New(cfg Config) (*Proxy, error) {
 	gp.KeepAcceptEncoding = true
 	gp.AllowHTTP2 = false
 	gp.OnRequest().HandleConnectFunc(p.onConnect)
-	gp.OnRequest().DoFunc(p.onRequest)
 	p.gp = gp
 	return p, nil
 }
@@ -202,6 +207,8 @@ func (p *Proxy) Close() error {
 	for s := range servers {
 		s.Close()
 	}
+	p.inner.Close()
+	p.queue.Close()
 	for c := range conns {
 		c.Conn.Close()
 	}
@@ -227,6 +234,7 @@ type session struct {
 	host    string // normalized CONNECT host
 	port    string
 	addr    string // host:port dialled upstream, whatever a request's Host says
+	scheme  string // "https" when the guest spoke TLS in the tunnel, else "http"
 	allowed bool
 }
 
@@ -270,7 +278,7 @@ func (p *Proxy) onConnect(target string, ctx *goproxy.ProxyCtx) (*goproxy.Connec
 		return p.rejectAction, target
 	}
 	ctx.UserData = &session{sb: sb, host: host, port: port, addr: net.JoinHostPort(host, port), allowed: sb.Allowed.Match(host)}
-	return p.mitmAction, target
+	return p.tunnelAction, target
 }
 
 // identify checks Proxy-Authorization: Basic base64(<sandbox id>:<token>).
@@ -293,8 +301,7 @@ var errSNIMismatch = errors.New("mitm: TLS server name does not match the CONNEC
 
 // tlsConfig serves the guest's TLS with a leaf for the CONNECT host. A ClientHello naming any
 // other server is refused: the tunnel's host is fixed by the CONNECT that the allowlist judged.
-func (p *Proxy) tlsConfig(_ string, ctx *goproxy.ProxyCtx) (*tls.Config, error) {
-	sess := ctx.UserData.(*session)
+func (p *Proxy) tlsConfig(sess *session) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
@@ -309,79 +316,7 @@ func (p *Proxy) tlsConfig(_ string, ctx *goproxy.ProxyCtx) (*tls.Config, error) 
 			}
 			return p.leaves.get(sess.host)
 		},
-	}, nil
-}
-
-func (p *Proxy) onRequest(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	sess, ok := ctx.UserData.(*session)
-	if !ok {
-		return req, textResponse(req, http.StatusMethodNotAllowed, "nexus: refused: only CONNECT tunnels are served")
 	}
-	rs := &reqState{sess: sess, method: req.Method, path: redactPlaceholders(sess.sb, req.URL.Path)}
-	ctx.UserData = rs
-	ctx.RoundTripper = p.rt
-	sb := sess.sb
-
-	if !sess.allowed {
-		return req, p.deny(req, rs, http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host))
-	}
-	if h, ok := requestHost(req, sess.port); !ok || h != sess.host {
-		return req, p.deny(req, rs, http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host))
-	}
-	use := scanPlaceholders(sb, req, sess.host)
-	if use.leak {
-		return req, p.deny(req, rs, http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
-			"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
-			sess.host, sess.host))
-	}
-	if sb.Policy != nil {
-		v := sb.Policy.Decide(req, sess.host)
-		if v.Deny {
-			rule := v.Rule
-			if rule == "" {
-				rule = "http_policy"
-			}
-			reason := oneLine(v.Reason)
-			if reason == "" {
-				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, sess.host)
-			}
-			return req, p.deny(req, rs, http.StatusForbidden, rule, reason)
-		}
-		rs.rule = v.Rule
-		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
-			req.Header.Del("Authorization")
-			use.bearer, use.basicPass = "", ""
-		}
-	}
-	if use.bearer != "" || use.basicPass != "" {
-		placeholder := use.bearer
-		if placeholder == "" {
-			placeholder = use.basicPass
-		}
-		secret, err := p.resolve(req.Context(), sb.ID, sess.host, placeholder)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrRefused) {
-				return req, p.deny(req, rs, http.StatusForbidden, RuleCredRefused, fmt.Sprintf(
-					"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", sess.host))
-			}
-			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Str("error", redactHex64(err.Error())).Msg("credential resolve failed")
-			return req, p.deny(req, rs, http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
-				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host))
-		}
-		if use.bearer != "" {
-			req.Header.Set("Authorization", "Bearer "+secret)
-		} else {
-			req.SetBasicAuth(use.basicUser, secret)
-		}
-		rs.swapped = true
-	}
-	// Whatever the request says, it goes to the host the tunnel was opened and judged for.
-	req.URL.Host = sess.addr
-	if req.Body != nil && req.Body != http.NoBody {
-		rs.reqBody = &countingBody{ReadCloser: req.Body}
-		req.Body = rs.reqBody
-	}
-	return req, nil
 }
 
 func (p *Proxy) resolve(ctx context.Context, sandboxID, host, placeholder string) (string, error) {
@@ -391,43 +326,6 @@ func (p *Proxy) resolve(ctx context.Context, sandboxID, host, placeholder string
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ResolveTimeout)
 	defer cancel()
 	return p.cfg.Resolver.Resolve(ctx, sandboxID, host, placeholder)
-}
-
-// roundTrip sends an allowed request upstream. Errors become a 502 the agent can read instead of
-// a silently closed connection, and the audit event is emitted when the response body closes.
-func (p *Proxy) roundTrip(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Response, error) {
-	rs := ctx.UserData.(*reqState)
-	resp, err := p.tr.RoundTrip(req)
-	if err != nil {
-		p.log.Warn().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str("error", redactHex64(err.Error())).Msg("upstream request failed")
-		reason := fmt.Sprintf("nexus: upstream %s did not answer (%s)", rs.sess.host, upstreamErrorClass(err))
-		resp := textResponse(req, http.StatusBadGateway, reason)
-		resp.Close = true
-		p.emitRequest(rs, http.StatusBadGateway, 0, audit.Allow, RuleUpstreamError, reason)
-		return resp, nil
-	}
-	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		// 101: goproxy needs the body's io.ReadWriter to splice the WebSocket; the bytes that
-		// follow are not counted.
-		p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, rs.allowRule(), "")
-		return resp, nil
-	}
-	status := resp.StatusCode
-	resp.Body = &countingBody{ReadCloser: resp.Body, onClose: func(n int64) {
-		p.emitRequest(rs, status, n, audit.Allow, rs.allowRule(), "")
-	}}
-	return resp, nil
-}
-
-func (p *Proxy) deny(req *http.Request, rs *reqState, status int, rule, reason string) *http.Response {
-	resp := textResponse(req, status, reason)
-	if req.Body != nil && req.Body != http.NoBody {
-		// The body was not read: do not make the guest's connection wait on it.
-		resp.Close = true
-	}
-	p.emitRequest(rs, status, 0, audit.Deny, rule, reason)
-	p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, rule).Msg("request refused")
-	return resp
 }
 
 func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision, rule, reason string) {
