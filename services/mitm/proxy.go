@@ -13,7 +13,7 @@
 // elazarl/goproxy takes the CONNECT and hands the accepted connection over (ConnectHijack). The
 // proxy then terminates TLS itself and serves the tunnel with one inner net/http server, so the
 // guest's requests are read with net/http's limits (MaxHeaderBytes, header timeout, 100-continue)
-// and forwarded by httputil.ReverseProxy (hop-by-hop headers, trailers, upgrades, streaming).
+// and forwarded over the tunnel's own upstream connection (upstream.go, forward.go).
 package mitm
 
 import (
@@ -26,7 +26,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +59,7 @@ const (
 	RuleCredRefused     = "cred_refused"
 	RuleCredUnavailable = "cred_unavailable"
 	RuleUpstreamError   = "upstream_error"
+	RuleBadRequest      = "bad_request"
 )
 
 // DenyHeader carries the one-line reason of a refusal, also sent as the body.
@@ -102,7 +102,7 @@ type Proxy struct {
 	ca     *CA
 	leaves *leafCache
 	gp     *goproxy.ProxyHttpServer
-	tr     *http.Transport
+	dialer *upstreamDialer
 	audit  *auditQueue
 
 	tunnelAction *goproxy.ConnectAction
@@ -111,7 +111,6 @@ type Proxy struct {
 	// inner serves the HTTP inside every tunnel; tunnels reach it through queue.
 	inner *http.Server
 	queue *connQueue
-	rp    *httputil.ReverseProxy
 
 	mu      sync.Mutex
 	closed  bool
@@ -138,7 +137,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr, err := newUpstreamTransport(cfg)
+	dialer, err := newUpstreamDialer(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +146,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:     cfg.Logger,
 		ca:      ca,
 		leaves:  newLeafCache(ca, cfg.LeafCacheSize),
-		tr:      tr,
+		dialer:  dialer,
 		audit:   newAuditQueue(sink, cfg.Logger),
 		servers: map[*http.Server]struct{}{},
 		conns:   map[*idleConn]struct{}{},
@@ -158,7 +157,6 @@ func New(cfg Config) (*Proxy, error) {
 
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{p.log}
-	gp.Tr = tr
 	gp.ConnectDial = nil // never chain to an HTTPS_PROXY from the environment
 	gp.KeepAcceptEncoding = true
 	gp.AllowHTTP2 = false
@@ -212,7 +210,6 @@ func (p *Proxy) Close() error {
 	for c := range conns {
 		c.Conn.Close()
 	}
-	p.tr.CloseIdleConnections()
 	p.audit.close()
 	return nil
 }
@@ -230,11 +227,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // session is one CONNECT tunnel.
 type session struct {
-	sb      *Sandbox
-	host    string // normalized CONNECT host
-	port    string
-	addr    string // host:port dialled upstream, whatever a request's Host says
-	scheme  string // "https" when the guest spoke TLS in the tunnel, else "http"
+	sb     *Sandbox
+	host   string // normalized CONNECT host
+	port   string
+	addr   string // host:port dialled upstream, whatever a request's Host says
+	scheme string // "https" when the guest spoke TLS in the tunnel, else "http"
+	// up is the tunnel's connection to its host: used by one request at a time (the inner server
+	// serves a tunnel's requests in order), closed from elsewhere only through dropUpstream.
+	up      atomic.Pointer[upstreamConn]
 	allowed bool
 }
 

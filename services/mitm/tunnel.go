@@ -9,7 +9,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strconv"
 	"sync"
 	"time"
@@ -20,14 +19,16 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
-// Limits of the HTTP inside a tunnel. A guest is untrusted: its request head is bounded, and a
-// guest that opens a tunnel and says nothing is dropped.
-const (
-	// MaxRequestHeaderBytes bounds a request line plus headers; more is answered 431.
-	MaxRequestHeaderBytes = 64 << 10
+// MaxRequestHeaderBytes bounds a request line plus headers inside a tunnel; a guest that sends
+// more is answered 431 and its connection closed.
+const MaxRequestHeaderBytes = 64 << 10
+
+// Deadlines of the HTTP inside a tunnel (variables for tests). A guest that opens a tunnel and
+// says nothing, or dribbles a request head, is dropped.
+var (
 	// tunnelHandshakeTimeout bounds the wait for the guest's first byte and its TLS handshake.
 	tunnelHandshakeTimeout = 30 * time.Second
-	// requestHeaderTimeout bounds reading one request head once its first byte arrived.
+	// requestHeaderTimeout bounds reading one request head.
 	requestHeaderTimeout = 30 * time.Second
 )
 
@@ -38,21 +39,11 @@ type ctxKey int
 
 const (
 	sessionKey ctxKey = iota
-	requestKey
 )
 
-// startInner builds the server that reads requests inside tunnels and the reverse proxy that
-// forwards the allowed ones.
+// startInner builds the server that reads requests inside tunnels.
 func (p *Proxy) startInner() {
 	p.queue = newConnQueue()
-	p.rp = &httputil.ReverseProxy{
-		Rewrite:        rewriteToTunnel,
-		Transport:      p.tr,
-		BufferPool:     copyBuffers{},
-		ModifyResponse: p.onResponse,
-		ErrorHandler:   p.onUpstreamError,
-		ErrorLog:       log.New(logWriter{p.log}, "", 0),
-	}
 	p.inner = &http.Server{
 		Handler:           http.HandlerFunc(p.serveRequest),
 		MaxHeaderBytes:    MaxRequestHeaderBytes,
@@ -64,6 +55,13 @@ func (p *Proxy) startInner() {
 				return context.WithValue(ctx, sessionKey, tc.sess)
 			}
 			return ctx
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			// The conn's own goroutine calls this after its last request: the tunnel's upstream
+			// connection goes with it.
+			if tc, ok := c.(*tunnelConn); ok && st == http.StateClosed {
+				tc.sess.dropUpstream()
+			}
 		},
 	}
 	go p.inner.Serve(p.queue)
@@ -189,53 +187,7 @@ func (p *Proxy) serveRequest(w http.ResponseWriter, req *http.Request) {
 		rs.reqBody = &countingBody{ReadCloser: req.Body}
 		req.Body = rs.reqBody
 	}
-	p.rp.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), requestKey, rs)))
-}
-
-// rewriteToTunnel sends the request to the host the tunnel was opened and judged for, whatever
-// the request line says, and otherwise as the guest wrote it: its query and its forwarding
-// headers pass untouched, and the proxy adds none of its own.
-func rewriteToTunnel(pr *httputil.ProxyRequest) {
-	rs := pr.In.Context().Value(requestKey).(*reqState)
-	pr.Out.URL.Scheme = rs.sess.scheme
-	pr.Out.URL.Host = rs.sess.addr
-	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
-	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
-		if v, ok := pr.In.Header[h]; ok {
-			pr.Out.Header[h] = v
-		}
-	}
-}
-
-// onResponse arranges the request's audit event: at once for a response without a body (and for
-// a protocol switch, whose spliced bytes are not counted), else when the body has been relayed.
-func (p *Proxy) onResponse(resp *http.Response) error {
-	rs := resp.Request.Context().Value(requestKey).(*reqState)
-	status := resp.StatusCode
-	if status == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
-		p.emitRequest(rs, status, 0, audit.Allow, rs.allowRule(), "")
-		return nil
-	}
-	resp.Body = &countingBody{ReadCloser: resp.Body, onClose: func(n int64) {
-		p.emitRequest(rs, status, n, audit.Allow, rs.allowRule(), "")
-	}}
-	return nil
-}
-
-// onUpstreamError answers a request the upstream did not take with a 502 the agent can read
-// instead of a silently closed connection.
-func (p *Proxy) onUpstreamError(w http.ResponseWriter, req *http.Request, err error) {
-	rs := req.Context().Value(requestKey).(*reqState)
-	if errors.Is(err, context.Canceled) && req.Context().Err() != nil {
-		// The guest went away: nothing to answer, but the request is still on record.
-		p.emitRequest(rs, 0, 0, audit.Allow, rs.allowRule(), "client closed the connection")
-		return
-	}
-	p.log.Warn().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str("error", redactHex64(err.Error())).Msg("upstream request failed")
-	reason := fmt.Sprintf("nexus: upstream %s did not answer (%s)", rs.sess.host, upstreamErrorClass(err))
-	w.Header().Set("Connection", "close")
-	writeLine(w, http.StatusBadGateway, reason)
-	p.emitRequest(rs, http.StatusBadGateway, 0, audit.Allow, RuleUpstreamError, reason)
+	p.forward(w, req, rs)
 }
 
 // refuse answers a refused request with its one-line reason (body and X-Nexus-Deny) and audits
@@ -323,10 +275,9 @@ type tunnelAddr struct{}
 func (tunnelAddr) Network() string { return "tunnel" }
 func (tunnelAddr) String() string  { return "mitm-tunnels" }
 
-// copyBuffers pools the reverse proxy's 32 KiB copy buffers.
-type copyBuffers struct{}
-
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-func (copyBuffers) Get() []byte  { return *(copyBufferPool.Get().(*[]byte)) }
-func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
+// dropUpstream closes the tunnel's upstream connection, if any; the next request dials anew.
+func (s *session) dropUpstream() {
+	if up := s.up.Swap(nil); up != nil {
+		up.close()
+	}
+}

@@ -1,19 +1,42 @@
 package mitm
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
-// newUpstreamTransport is the client side of the MITM: HTTP/1.1, TLS verified against the system
-// roots plus Config.ExtraRootCAs, never through an environment proxy, with ResolverOverrides
-// applied at dial time.
-func newUpstreamTransport(cfg Config) (*http.Transport, error) {
+// Upstream connections. Each guest connection (one tunnel) gets its own connection to the host it
+// was opened for, used for that tunnel's requests in order, as the guest's own client would have
+// used it: no connection carrying one sandbox's credential is ever reused for another's request,
+// and a request costs no hand-off to a pool's goroutines.
+
+const (
+	upstreamDialTimeout      = 10 * time.Second
+	upstreamHandshakeTimeout = 10 * time.Second
+)
+
+// staleCheckAfter: a kept connection idle longer than this is checked for a close the host sent
+// meanwhile before it carries the next request (a variable for tests).
+var staleCheckAfter = time.Second
+
+// upstreamDialer reaches real hosts: TLS verified against the system roots plus
+// Config.ExtraRootCAs, never through an environment proxy, with ResolverOverrides applied.
+type upstreamDialer struct {
+	dialer    *net.Dialer
+	overrides map[string]string
+	roots     *x509.CertPool
+}
+
+func newUpstreamDialer(cfg Config) (*upstreamDialer, error) {
 	roots, err := x509.SystemCertPool()
 	if err != nil || roots == nil {
 		roots = x509.NewCertPool()
@@ -21,7 +44,6 @@ func newUpstreamTransport(cfg Config) (*http.Transport, error) {
 	for _, c := range cfg.ExtraRootCAs {
 		roots.AddCert(c)
 	}
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	overrides := map[string]string{}
 	for k, v := range cfg.ResolverOverrides {
 		if _, _, err := net.SplitHostPort(v); err != nil {
@@ -29,29 +51,161 @@ func newUpstreamTransport(cfg Config) (*http.Transport, error) {
 		}
 		overrides[k] = v
 	}
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if len(overrides) > 0 {
-			host, _, _ := net.SplitHostPort(addr)
-			if v, ok := overrides[addr]; ok {
-				addr = v
-			} else if v, ok := overrides[host]; ok {
-				addr = v
-			} else if v, ok := overrides["*"]; ok {
-				addr = v
+	return &upstreamDialer{
+		dialer:    &net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second},
+		overrides: overrides,
+		roots:     roots,
+	}, nil
+}
+
+// dial opens the tunnel's upstream connection: TCP to its address, then TLS naming its host when
+// the guest spoke TLS.
+func (d *upstreamDialer) dial(ctx context.Context, sess *session) (*upstreamConn, error) {
+	addr := sess.addr
+	if len(d.overrides) > 0 {
+		if v, ok := d.overrides[addr]; ok {
+			addr = v
+		} else if v, ok := d.overrides[sess.host]; ok {
+			addr = v
+		} else if v, ok := d.overrides["*"]; ok {
+			addr = v
+		}
+	}
+	c, err := d.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if sess.scheme == "https" {
+		tc := tls.Client(c, &tls.Config{
+			ServerName: sess.host,
+			RootCAs:    d.roots,
+			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"},
+		})
+		hctx, cancel := context.WithTimeout(ctx, upstreamHandshakeTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c = tc
+	}
+	return &upstreamConn{conn: c, br: bufio.NewReader(c), bw: bufio.NewWriter(c), used: time.Now()}, nil
+}
+
+// upstreamConn is one tunnel's connection to its host.
+type upstreamConn struct {
+	conn net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	used time.Time
+}
+
+// errStale marks a kept connection found closed before any byte of the answer came back.
+var errStale = errors.New("mitm: kept upstream connection was closed by the host")
+
+// roundTrip writes out (streaming its body) and reads the answer's head, skipping informational
+// answers other than 101. Closing the connection (the request's context ending) unblocks it.
+func (u *upstreamConn) roundTrip(out *http.Request) (*http.Response, error) {
+	if err := out.Write(u.bw); err != nil {
+		return nil, err
+	}
+	if err := u.bw.Flush(); err != nil {
+		return nil, err
+	}
+	if _, err := u.br.Peek(1); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || isReset(err) {
+			return nil, fmt.Errorf("%w: %v", errStale, err)
+		}
+		return nil, err
+	}
+	for {
+		resp, err := http.ReadResponse(u.br, out)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue // 100 Continue, 103 Early Hints: the final answer follows
+		}
+		return resp, nil
+	}
+}
+
+// closedByHost reports whether the host closed the kept connection while it was idle: a read that
+// cannot wait finds the end of the stream (or a reset) rather than nothing yet.
+func (u *upstreamConn) closedByHost() bool {
+	if time.Since(u.used) < staleCheckAfter {
+		return false
+	}
+	// A deadline already past would not even look at what arrived: allow a moment.
+	u.conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+	_, err := u.br.Peek(1)
+	u.conn.SetReadDeadline(time.Time{})
+	if err == nil {
+		return true // the host sent a byte nobody asked for: the stream is out of step
+	}
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
+}
+
+func (u *upstreamConn) close() { u.conn.Close() }
+
+func isReset(err error) bool {
+	return strings.Contains(err.Error(), "connection reset") || strings.Contains(err.Error(), "broken pipe")
+}
+
+// replayable: a request that may be sent again on a new connection when the kept one turned out
+// closed: no body, and a method that does not change anything (or an idempotency key).
+func replayable(r *http.Request) bool {
+	if r.Body != nil && r.Body != http.NoBody {
+		return false
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return r.Header.Get("Idempotency-Key") != "" || r.Header.Get("X-Idempotency-Key") != ""
+}
+
+// hopHeaders are the headers of one connection, never forwarded (RFC 9110 §7.6.1).
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// removeHopHeaders deletes the hop-by-hop headers, including those the Connection header names.
+func removeHopHeaders(h http.Header) {
+	for _, v := range h["Connection"] {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				h.Del(f)
 			}
 		}
-		return dialer.DialContext(ctx, network, addr)
 	}
-	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           dial,
-		TLSClientConfig:       &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
-	}, nil
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+// upgradeType is the protocol a request or response switches to ("" for none).
+func upgradeType(h http.Header) string {
+	for _, v := range h["Connection"] {
+		for _, f := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), "upgrade") {
+				return h.Get("Upgrade")
+			}
+		}
+	}
+	return ""
+}
+
+// printable: an upgrade token fit to put back on the wire.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
