@@ -93,6 +93,11 @@ type Config struct {
 	IdleTimeout time.Duration
 	// ResolveTimeout bounds one credential resolve (default 5 s).
 	ResolveTimeout time.Duration
+	// ResolveCacheTTL keeps a resolved credential for the sandbox's next requests to the same
+	// host (default 30 s; negative: ask the Resolver every time). A sandbox keeps the value its
+	// placeholder was minted for until it is recreated, so the cache changes no answer; it only
+	// takes the credential broker off the path of every request.
+	ResolveCacheTTL time.Duration
 }
 
 // Proxy is the MITM proxy.
@@ -128,6 +133,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.ResolveTimeout <= 0 {
 		cfg.ResolveTimeout = 5 * time.Second
+	}
+	if cfg.ResolveCacheTTL == 0 {
+		cfg.ResolveCacheTTL = 30 * time.Second
 	}
 	sink := cfg.Audit
 	if sink == nil {
@@ -319,13 +327,31 @@ func (p *Proxy) tlsConfig(sess *session) *tls.Config {
 	}
 }
 
-func (p *Proxy) resolve(ctx context.Context, sandboxID, host, placeholder string) (string, error) {
+// resolve returns the real credential behind a placeholder of sb bound to host: from the
+// sandbox's cache when it was released within ResolveCacheTTL, else from the Resolver. Refusals
+// and failures are never cached.
+func (p *Proxy) resolve(ctx context.Context, sb *Sandbox, host, placeholder string) (string, error) {
+	key := host + "\x00" + placeholder
+	now := time.Now()
+	if v, ok := sb.released.Load(key); ok {
+		if r := v.(releasedSecret); now.Before(r.expires) {
+			return r.value, nil
+		}
+		sb.released.Delete(key)
+	}
 	if p.cfg.Resolver == nil {
 		return "", errdefs.Unavailable("no credential resolver")
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ResolveTimeout)
 	defer cancel()
-	return p.cfg.Resolver.Resolve(ctx, sandboxID, host, placeholder)
+	value, err := p.cfg.Resolver.Resolve(ctx, sb.ID, host, placeholder)
+	if err != nil {
+		return "", err
+	}
+	if p.cfg.ResolveCacheTTL > 0 {
+		sb.released.Store(key, releasedSecret{value: value, expires: now.Add(p.cfg.ResolveCacheTTL)})
+	}
+	return value, nil
 }
 
 func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision, rule, reason string) {

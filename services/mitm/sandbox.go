@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/errdefs"
@@ -66,6 +67,16 @@ type Sandbox struct {
 	// creds maps a placeholder's SHA-256 to the hosts it is swapped on.
 	creds  map[[32]byte]HostSet
 	Policy HTTPPolicy
+
+	// released caches credentials resolved for this sandbox (key host+"\x00"+placeholder), so
+	// a burst of requests costs one resolve. It lives and dies with this registration.
+	released sync.Map
+}
+
+// releasedSecret is a cached resolve.
+type releasedSecret struct {
+	value   string
+	expires time.Time
 }
 
 // NewSandbox builds a Sandbox from its wire policy. policy may be nil.

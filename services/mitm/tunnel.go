@@ -164,7 +164,7 @@ func (p *Proxy) serveRequest(w http.ResponseWriter, req *http.Request) {
 		if placeholder == "" {
 			placeholder = use.basicPass
 		}
-		secret, err := p.resolve(req.Context(), sb.ID, sess.host, placeholder)
+		secret, err := p.resolve(req.Context(), sb, sess.host, placeholder)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrRefused) {
 				p.refuse(w, req, rs, http.StatusForbidden, RuleCredRefused, fmt.Sprintf(

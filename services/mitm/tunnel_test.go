@@ -2,6 +2,7 @@ package mitm
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 )
 
 // tlsTunnel opens an authenticated CONNECT to api.example.com:443 and completes the guest's TLS
@@ -257,5 +260,45 @@ func TestTrailersAndHopHeaders(t *testing.T) {
 	}
 	if resp.Trailer.Get("X-Sum") != "42" {
 		t.Fatalf("trailer %v", resp.Trailer)
+	}
+}
+
+// TestResolveCachedPerSandbox: a burst of requests with the same placeholder costs one resolve;
+// a refusal is asked again each time; a sandbox registered anew starts without the cache.
+func TestResolveCachedPerSandbox(t *testing.T) {
+	var calls atomic.Int64
+	var hits atomic.Int64
+	h := newHarness(t, echoAuth(&hits), func(c *Config) {
+		inner := c.Resolver
+		c.Resolver = ResolverFunc(func(ctx context.Context, sb, host, ph string) (string, error) {
+			calls.Add(1)
+			return inner.Resolve(ctx, sb, host, ph)
+		})
+	})
+	c := h.client(t, testSandbox, testToken)
+	auth := map[string]string{"Authorization": "Bearer " + placeholder}
+	for i := 0; i < 5; i++ {
+		if _, body := get(t, c, "https://api.example.com/u", auth); body != "auth=Bearer "+realToken {
+			t.Fatalf("request %d: %q", i, body)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("5 requests cost %d resolves, want 1", n)
+	}
+
+	fresh, err := NewSandbox(mitmapi.SandboxPolicy{
+		ID: testSandbox, TokenHash: mitmapi.HashHex(testToken), AllowedHosts: []string{"api.example.com"},
+		Credentials: []mitmapi.CredentialBinding{{PlaceholderHash: mitmapi.HashHex(placeholder), Hosts: []string{"api.example.com"}}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.reg.Put(fresh)
+	c.CloseIdleConnections()
+	if _, body := get(t, c, "https://api.example.com/u", auth); body != "auth=Bearer "+realToken {
+		t.Fatalf("after re-registration: %q", body)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("a re-registered sandbox used the old cache (%d resolves, want 2)", n)
 	}
 }
