@@ -110,21 +110,6 @@ func printEffective(w io.Writer, c *config.Config) {
 	}
 }
 
-// createConfig reads the config a create sends: --config PATH, else .nexus/config.yaml at the git
-// root of the working directory, else none.
-func createConfig(path string) (*config.Config, error) {
-	if path == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return nil, err
-		}
-		if path, err = config.Find(wd); err != nil || path == "" {
-			return nil, err
-		}
-	}
-	return config.Load(path)
-}
-
 func explainCommand() *cobra.Command {
 	var data string
 	var asJSON bool

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/IniZio/nexus/pkg/config"
 )
 
 func runCLI(t *testing.T, dir string, args ...string) (string, error) {
@@ -87,15 +89,15 @@ func TestCreateConfig(t *testing.T) {
 	root := t.TempDir()
 	p := writeConfig(t, root, "version: 1\negress:\n  allow: [a.com]\n")
 	t.Chdir(root)
-	c, err := createConfig("")
+	c, err := config.ForCreate("")
 	if err != nil || c == nil || c.Source != p {
 		t.Fatalf("found %+v %v", c, err)
 	}
 	t.Chdir(t.TempDir())
-	if c, err := createConfig(""); err != nil || c != nil {
+	if c, err := config.ForCreate(""); err != nil || c != nil {
 		t.Fatalf("outside a project: %+v %v", c, err)
 	}
-	if _, err := createConfig(filepath.Join(root, "nope.yaml")); err == nil {
+	if _, err := config.ForCreate(filepath.Join(root, "nope.yaml")); err == nil {
 		t.Fatal("missing --config accepted")
 	}
 	// A bad config stops the create before anything is sent.

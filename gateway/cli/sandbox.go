@@ -17,6 +17,7 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -69,7 +70,7 @@ func createCommand() *cobra.Command {
 			if r.Labels, err = api.ParseLabels(labels); err != nil {
 				return err
 			}
-			if r.Config, err = createConfig(configPath); err != nil {
+			if r.Config, err = config.ForCreate(configPath); err != nil {
 				return err
 			}
 			c, _, err := dial(cmd)

@@ -45,7 +45,7 @@ func TestToolsList(t *testing.T) {
 		got[tool.Name] = raw.InputSchema
 	}
 	want := map[string]struct{ required, optional []string }{
-		"sandbox_create":           {[]string{"name"}, []string{"project", "remove_on_exit", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "secrets", "labels"}},
+		"sandbox_create":           {[]string{"name"}, []string{"project", "remove_on_exit", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "secrets", "labels", "repos", "config"}},
 		"sandbox_list":             {nil, []string{"all", "selector"}},
 		"sandbox_get":              {[]string{"name"}, nil},
 		"sandbox_start":            {[]string{"name"}, nil},
@@ -535,4 +535,31 @@ func gitEnv(t *testing.T, dir string, env []string, args ...string) string {
 		t.Fatalf("git %v: %v: %s", args, err, out)
 	}
 	return string(out)
+}
+
+// TestCreateWithConfigAndRepos: sandbox_create applies a project config file and binds repos
+// like `nexus create --config --repo`; a broken config is refused with its file:line.
+func TestCreateWithConfigAndRepos(t *testing.T) {
+	st := newStack(t, true)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "config.yaml")
+	os.WriteFile(good, []byte("version: 1\negress:\n  allow:\n    - registry.npmjs.org\n"), 0o644)
+	var sb api.Sandbox
+	st.ok(t, "sandbox_create", map[string]any{"name": "cfg", "image": "nexus-mini", "config": good, "repos": []string{"acme/app"}}, &sb)
+	if sb.Config == nil || sb.Config.Source != good || !slices.Contains(sb.Config.Egress.Allow, "registry.npmjs.org") {
+		t.Errorf("config not applied: %+v", sb.Config)
+	}
+	if !slices.Equal(sb.Egress.Repos, []string{"acme/app"}) || sb.Egress.Mode != api.EgressCurated {
+		t.Errorf("egress: %+v", sb.Egress)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("version: 1\negress:\n  allow: nope\n"), 0o644)
+	msg, _ := st.fails(t, "sandbox_create", map[string]any{"name": "bad", "image": "nexus-mini", "config": bad})
+	if !strings.Contains(msg, bad+":3") {
+		t.Errorf("bad config: %q", msg)
+	}
+	msg, _ = st.fails(t, "sandbox_create", map[string]any{"name": "missing", "image": "nexus-mini", "config": filepath.Join(dir, "none.yaml")})
+	if !strings.Contains(msg, "none.yaml") {
+		t.Errorf("missing config: %q", msg)
+	}
 }

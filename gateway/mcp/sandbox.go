@@ -9,6 +9,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -25,6 +26,8 @@ type createArgs struct {
 	AllowedHosts []string          `json:"allowed_hosts"`
 	Secrets      []string          `json:"secrets"`
 	Labels       map[string]string `json:"labels"`
+	Repos        []string          `json:"repos"`
+	Config       string            `json:"config"`
 }
 
 // fullName joins an optional project and a name ("p" + "n" → "p/n"). A name that already
@@ -68,6 +71,10 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	if err != nil {
 		return nil, err
 	}
+	cfg, err := config.ForCreate(a.Config)
+	if err != nil {
+		return nil, err
+	}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
@@ -75,7 +82,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
 	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets})
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets, Repos: a.Repos, Config: cfg})
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

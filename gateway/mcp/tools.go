@@ -48,6 +48,8 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("hosts the sandbox may reach: host[:port]; a bare host means 443 and 80")),
 			mcpgo.WithArray("secrets", mcpgo.WithStringItems(), mcpgo.Description("named secrets from `nexus secret set` to broker: NAME@host[,host]")),
 			mcpgo.WithObject("labels", mcpgo.Description("labels key=value for selection"), mcpgo.AdditionalProperties(map[string]any{"type": "string"})),
+			mcpgo.WithArray("repos", mcpgo.WithStringItems(), mcpgo.Description("GitHub repositories owner/repo to bind: allows github.com for them, brokers GH_TOKEN, and gates pushes and API writes to them")),
+			mcpgo.WithString("config", mcpgo.Description("project config file (.nexus/config.yaml) on the host; default: .nexus/config.yaml at the git root of this server's working directory, if any")),
 		), s.sandboxCreate},
 		{mcpgo.NewTool(ToolSandboxList,
 			mcpgo.WithDescription("List sandboxes with their state, image, agent, egress and labels"),

@@ -131,6 +131,21 @@ func Find(dir string) (string, error) {
 	}
 }
 
+// ForCreate is the config a new sandbox gets: the file at path when one is given, else the
+// project config Find locates from the working directory (nil when there is none).
+func ForCreate(path string) (*Config, error) {
+	if path == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, err
+		}
+		if path, err = Find(wd); err != nil || path == "" {
+			return nil, err
+		}
+	}
+	return Load(path)
+}
+
 // Parse parses a config file's bytes; name is used in errors (file:line).
 func Parse(name string, data []byte) (*Config, error) {
 	if len(data) > MaxBytes {
