@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
@@ -163,6 +165,10 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 	cfg := agentproto.ConfigureRequest{Hostname: r.Hostname, Env: r.Env}
 	now := time.Now()
 	cfg.Time = &now
+	if len(r.TrustCA) > 0 {
+		// The perimeter's CA, for curl, git and OpenSSL-based tools: one round trip, no shell.
+		cfg.TrustCA = &agentproto.TrustCA{Path: api.CAPath, PEM: r.TrustCA}
+	}
 	if err := agent.Configure(bctx, cfg); err != nil {
 		return fail("configure", err)
 	}
@@ -177,11 +183,6 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 	for _, f := range r.Files {
 		if err := agent.CopyIn(bctx, agentproto.CopyInRequest{Path: f.Path, Mode: f.Mode, Size: int64(len(f.Data)), MkdirAll: true}, bytesReader(f.Data)); err != nil {
 			return fail("files", err)
-		}
-	}
-	if len(r.TrustCA) > 0 {
-		if err := trustCA(bctx, agent, r.TrustCA); err != nil {
-			return fail("trust", err)
 		}
 	}
 	p.finish("configure")
@@ -201,7 +202,7 @@ func (s *Service) dialAgent(ctx context.Context, m *machine) (*guest.Client, err
 		case <-ctx.Done():
 		}
 	}()
-	c, err := guest.Dial(ctx, qemu.AgentSocket(m.dir))
+	c, err := guest.DialConfig(ctx, qemu.AgentSocket(m.dir), guest.Config{Logger: zerolog.Nop(), PortOpened: m.vm.QMP.PortOpened(ctx)})
 	if err != nil {
 		if m.vm.Exited() {
 			return nil, fmt.Errorf("the VM exited during boot: %s", tail(qemu.ConsoleLog(m.dir), 400))
@@ -225,25 +226,6 @@ func (s *Service) serve(m *machine) {
 	}()
 	go s.watch(ctx, m)
 	go s.watchListeners(ctx, m)
-}
-
-// trustCA places the MITM CA at CAPath and adds it, once, to the guest's system bundle so
-// curl, git and OpenSSL-based tools trust the perimeter.
-func trustCA(ctx context.Context, agent *guest.Client, pem []byte) error {
-	if err := agent.CopyIn(ctx, agentproto.CopyInRequest{Path: api.CAPath, Mode: 0o644, Size: int64(len(pem)), MkdirAll: true}, bytesReader(pem)); err != nil {
-		return err
-	}
-	const script = `b=/etc/ssl/certs/ca-certificates.crt; mkdir -p /etc/ssl/certs
-grep -q 'nexus perimeter CA' "$b" 2>/dev/null || { printf '\n# nexus perimeter CA\n' >> "$b"; cat "$1" >> "$b"; }`
-	var out strings.Builder
-	st, err := agent.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script, "sh", api.CAPath}}, nil, &out, &out, nil)
-	if err != nil {
-		return err
-	}
-	if st.Code != 0 {
-		return fmt.Errorf("adding the perimeter CA to the trust store: %s", strings.TrimSpace(out.String()))
-	}
-	return nil
 }
 
 func (s *Service) isStopping(m *machine) bool {

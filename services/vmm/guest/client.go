@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -33,6 +34,10 @@ type Config struct {
 	// HostDial connects a guest's dial-host stream to a host service; nil refuses them.
 	// ServeHybridVsock installs one.
 	HostDial func(ctx context.Context, port int) (net.Conn, error)
+	// PortOpened, when set, tells Dial the guest has just opened its end of the channel (QEMU's
+	// VSERPORT_CHANGE event): the attempt in flight, whose hello was sent into a closed port and
+	// lost, is dropped and a new one starts at once instead of waiting out its deadline.
+	PortOpened <-chan struct{}
 }
 
 // Client is one yamux session with a guest agent. It is safe for concurrent use: every call opens
@@ -70,10 +75,21 @@ func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 			}
 			return nil, fmt.Errorf("agent: %w", err)
 		}
+		var kicked atomic.Bool
 		var d net.Dialer
 		conn, err := d.DialContext(ctx, "unix", path)
 		if err == nil {
 			actx, cancel := context.WithTimeout(ctx, attempt)
+			if cfg.PortOpened != nil {
+				go func() {
+					select {
+					case <-cfg.PortOpened:
+						kicked.Store(true)
+						cancel()
+					case <-actx.Done():
+					}
+				}()
+			}
 			var c *Client
 			c, err = NewClient(actx, conn, cfg)
 			cancel()
@@ -81,6 +97,9 @@ func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 				return c, nil
 			}
 			conn.Close()
+			if kicked.Load() {
+				continue // the port is open now: the next hello is heard
+			}
 			// Kept short: while the guest has not opened its port the hello is lost, and the
 			// wait for the attempt in flight adds directly to sandbox create time.
 			attempt = min(attempt*2, 500*time.Millisecond)
@@ -88,6 +107,7 @@ func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 		last = err
 		select {
 		case <-ctx.Done():
+		case <-cfg.PortOpened:
 		case <-time.After(25 * time.Millisecond):
 		}
 	}

@@ -204,6 +204,34 @@ func (q *QMP) pushEvent(ev Event) {
 // Events returns the event channel; it is closed when the connection ends.
 func (q *QMP) Events() <-chan Event { return q.events }
 
+// PortOpened reads events until ctx ends and signals each time the guest opens a virtio-serial
+// port (VSERPORT_CHANGE with open true). The VM has one port, the agent's.
+func (q *QMP) PortOpened(ctx context.Context) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-q.events:
+				if !ok {
+					return
+				}
+				var d struct {
+					Open bool `json:"open"`
+				}
+				if ev.Name == "VSERPORT_CHANGE" && json.Unmarshal(ev.Data, &d) == nil && d.Open {
+					select {
+					case out <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	return out
+}
+
 // Done is closed when the connection ends (QEMU exited or Close was called).
 func (q *QMP) Done() <-chan struct{} { return q.done }
 
