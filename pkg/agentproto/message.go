@@ -86,7 +86,22 @@ type ConfigureRequest struct {
 	// Time sets the guest clock (after a snapshot restore the guest clock is stale).
 	Time    *time.Time     `json:"time,omitempty"`
 	Network *NetworkConfig `json:"network,omitempty"`
+	// TrustCA installs a CA certificate the guest's TLS clients must trust.
+	TrustCA *TrustCA `json:"trust_ca,omitempty"`
 }
+
+// MaxTrustCABytes bounds TrustCA.PEM.
+const MaxTrustCABytes = 64 << 10
+
+// TrustCA is a PEM certificate written to Path and appended, once, to the system bundle
+// (SystemCABundle) so curl, git and OpenSSL-based tools trust it.
+type TrustCA struct {
+	Path string `json:"path"`
+	PEM  []byte `json:"pem"`
+}
+
+// SystemCABundle is the guest's system certificate bundle (Debian's layout).
+const SystemCABundle = "/etc/ssl/certs/ca-certificates.crt"
 
 // NetworkConfig is the static configuration of eth0.
 type NetworkConfig struct {

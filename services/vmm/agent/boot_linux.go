@@ -104,6 +104,7 @@ func RunInit() {
 			}
 			return nil
 		},
+		TrustCA:  func(ca agentproto.TrustCA) error { return InstallCA("/", ca) },
 		PowerOff: func() { powerOff(log) },
 	})
 	ctx := context.Background()

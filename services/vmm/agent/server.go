@@ -65,6 +65,8 @@ type Config struct {
 	SetHostname      func(name string) error
 	SetClock         func(t time.Time) error
 	ConfigureNetwork func(n agentproto.NetworkConfig) error
+	// TrustCA installs a validated CA certificate (InstallCA at the guest's root).
+	TrustCA func(ca agentproto.TrustCA) error
 	// PowerOff is called after the shutdown op has been answered.
 	PowerOff func()
 }
@@ -299,6 +301,17 @@ func (s *Server) configure(c *agentproto.ConfigureRequest) error {
 	if c.Time != nil && s.cfg.SetClock != nil {
 		if err := s.cfg.SetClock(*c.Time); err != nil {
 			return fmt.Errorf("configure: clock: %w", err)
+		}
+	}
+	if c.TrustCA != nil {
+		if err := checkTrustCA(c.TrustCA); err != nil {
+			return err
+		}
+		if s.cfg.TrustCA == nil {
+			return errdefs.Refused("configure: trust_ca: not running as the guest init")
+		}
+		if err := s.cfg.TrustCA(*c.TrustCA); err != nil {
+			return err
 		}
 	}
 	if c.Network != nil {
