@@ -1,11 +1,14 @@
 package mitm
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httputil"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -15,57 +18,59 @@ import (
 
 // forward sends an allowed request over the tunnel's upstream connection and relays the answer:
 // streamed both ways, trailers kept, a 101 spliced. The audit event is emitted once the answer's
-// body has been relayed (at once for a protocol switch, whose spliced bytes are not counted).
-func (p *Proxy) forward(w http.ResponseWriter, req *http.Request, rs *reqState) {
+// body has been relayed (at once for a protocol switch, whose spliced bytes are not counted). It
+// reports whether the tunnel goes on.
+func (p *Proxy) forward(t *tunnel, req *http.Request, rs *reqState) bool {
 	out, err := outbound(req, rs.sess)
 	if err != nil {
-		p.refuse(w, req, rs, http.StatusBadRequest, RuleBadRequest, "nexus: refused: "+err.Error())
-		return
+		return t.refuse(req, rs, &verdict{http.StatusBadRequest, RuleBadRequest, "nexus: refused: " + err.Error()})
 	}
-	// The guest going away (or the proxy closing) ends the wait for the host and the relay.
-	stop := context.AfterFunc(req.Context(), rs.sess.dropUpstream)
+	// Closing the proxy ends the wait for the host and the relay.
+	stop := context.AfterFunc(p.ctx, rs.sess.dropUpstream)
 	defer stop()
-	resp, err := p.exchange(req.Context(), rs.sess, out)
+	resp, err := p.exchange(p.ctx, rs.sess, out)
 	if err != nil {
-		p.upstreamFailed(w, req, rs, err)
-		return
+		p.upstreamFailed(t, rs, err)
+		return false
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		p.switchProtocols(w, rs, resp)
-		return
+		p.switchProtocols(t, rs, resp)
+		return false
 	}
-	p.relay(w, rs, resp)
+	return p.relay(t, req, rs, resp)
 }
 
 // outbound is the request as the host receives it: sent to the tunnel's own host whatever the
 // request line says, without the headers of the guest's hop, and otherwise as the guest wrote it
 // (its query, its forwarding headers; no User-Agent or Accept-Encoding of ours).
 func outbound(req *http.Request, sess *session) (*http.Request, error) {
+	up := upgradeType(req.Header)
+	if !printable(up) {
+		return nil, fmt.Errorf("invalid Upgrade protocol")
+	}
+	trailers := strings.Contains(strings.ToLower(strings.Join(req.Header["Te"], ",")), "trailers")
 	out := new(http.Request)
 	*out = *req
-	out.Header = req.Header.Clone()
+	// The guest's request is not used after this: its header map is reused, not copied.
+	h := req.Header
+	removeHopHeaders(h)
+	if trailers {
+		h.Set("Te", "trailers")
+	}
+	if up != "" {
+		h.Set("Connection", "Upgrade")
+		h.Set("Upgrade", up)
+	}
+	// The guest's 100-continue is answered when its body is first read.
+	h.Del("Expect")
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""}
+	}
 	u := *req.URL
 	u.Scheme, u.Host = sess.scheme, sess.addr
 	out.URL = &u
 	out.RequestURI = ""
 	out.Close = false
-	up := upgradeType(req.Header)
-	if !printable(up) {
-		return nil, fmt.Errorf("invalid Upgrade protocol")
-	}
-	removeHopHeaders(out.Header)
-	if strings.Contains(strings.ToLower(strings.Join(req.Header["Te"], ",")), "trailers") {
-		out.Header.Set("Te", "trailers")
-	}
-	if up != "" {
-		out.Header.Set("Connection", "Upgrade")
-		out.Header.Set("Upgrade", up)
-	}
-	// The inner server answered the guest's 100-continue when the body was first read.
-	out.Header.Del("Expect")
-	if _, ok := out.Header["User-Agent"]; !ok {
-		out.Header["User-Agent"] = []string{""}
-	}
 	if req.ContentLength == 0 {
 		out.Body = nil
 	}
@@ -108,99 +113,120 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, out *http.Request) 
 }
 
 // relay writes the host's answer to the guest. A body of unknown length (chunked, server-sent
-// events) is flushed as it arrives; one that breaks off breaks off the guest's connection too, so
-// a cut answer is never taken for a whole one.
-func (p *Proxy) relay(w http.ResponseWriter, rs *reqState, resp *http.Response) {
+// events) is sent chunked and flushed as it arrives; one that breaks off breaks off the guest's
+// connection too, so a cut answer is never taken for a whole one. It reports whether the tunnel
+// goes on.
+func (p *Proxy) relay(t *tunnel, req *http.Request, rs *reqState, resp *http.Response) bool {
 	sess := rs.sess
-	h := w.Header()
-	for k, vv := range resp.Header {
-		h[k] = vv
-	}
+	h := resp.Header
 	removeHopHeaders(h)
-	for k := range resp.Trailer {
-		h.Add("Trailer", k)
+	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
+	chunked, closeAfter := false, false
+	switch {
+	case noBody:
+	case resp.ContentLength >= 0:
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	case req.ProtoAtLeast(1, 1):
+		chunked = true
+		h.Set("Transfer-Encoding", "chunked")
+		for k := range resp.Trailer {
+			h.Add("Trailer", k)
+		}
+	default: // an HTTP/1.0 guest: the end of the body is the end of the connection
+		closeAfter = true
+		h.Set("Connection", "close")
 	}
-	w.WriteHeader(resp.StatusCode)
-
-	var dst io.Writer = w
-	if resp.ContentLength < 0 {
-		dst = flushWriter{w: w, rc: http.NewResponseController(w)}
+	t.writeHead(resp.StatusCode, h)
+	var n int64
+	var err error
+	switch {
+	case noBody:
+		err = t.bw.Flush()
+	case chunked:
+		n, err = copyChunked(t.bw, resp.Body, resp.Trailer)
+	default:
+		buf := copyBufferPool.Get().(*[]byte)
+		n, err = io.CopyBuffer(t.bw, onlyReader{resp.Body}, *buf)
+		copyBufferPool.Put(buf)
+		if err == nil {
+			err = t.bw.Flush()
+		}
 	}
-	buf := copyBufferPool.Get().(*[]byte)
-	n, err := io.CopyBuffer(dst, onlyReader{resp.Body}, *buf)
-	copyBufferPool.Put(buf)
 	resp.Body.Close()
-	for k, vv := range resp.Trailer {
-		h[http.TrailerPrefix+k] = vv
-	}
 	if err != nil || resp.Close {
 		sess.dropUpstream()
 	} else if up := sess.up.Load(); up != nil {
 		up.used = time.Now()
 	}
 	p.emitRequest(rs, resp.StatusCode, n, audit.Allow, rs.allowRule(), "")
-	if err != nil {
-		panic(http.ErrAbortHandler) // net/http closes the guest's connection without ending the body
+	return err == nil && !closeAfter
+}
+
+// copyChunked sends body as chunks, each flushed to the guest as it arrives, then the trailers.
+func copyChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) (int64, error) {
+	buf := copyBufferPool.Get().(*[]byte)
+	defer copyBufferPool.Put(buf)
+	cw := httputil.NewChunkedWriter(bw)
+	var n int64
+	for {
+		k, rerr := body.Read(*buf)
+		if k > 0 {
+			if _, err := cw.Write((*buf)[:k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+			if err := bw.Flush(); err != nil {
+				return n, err
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return n, rerr
+		}
 	}
+	if err := cw.Close(); err != nil {
+		return n, err
+	}
+	for k, vv := range trailer {
+		for _, v := range vv {
+			if v != "" {
+				fmt.Fprintf(bw, "%s: %s\r\n", k, v)
+			}
+		}
+	}
+	bw.WriteString("\r\n")
+	return n, bw.Flush()
 }
 
 // switchProtocols relays a 101 and splices the guest's connection to the upstream one until
 // either side closes.
-func (p *Proxy) switchProtocols(w http.ResponseWriter, rs *reqState, resp *http.Response) {
-	sess := rs.sess
-	up := sess.up.Swap(nil) // the upgraded connection belongs to the splice now
-	guest, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		up.close()
-		p.emitRequest(rs, http.StatusBadGateway, 0, audit.Allow, RuleUpstreamError, "protocol switch failed")
-		return
-	}
+func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *http.Response) {
+	up := rs.sess.up.Swap(nil) // the upgraded connection belongs to the splice now
 	p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, rs.allowRule(), "")
-	fmt.Fprintf(brw, "HTTP/1.1 %d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
-	resp.Header.Write(brw)
-	brw.WriteString("\r\n")
-	if err := brw.Flush(); err != nil {
-		guest.Close()
+	t.writeHead(resp.StatusCode, resp.Header)
+	if err := t.bw.Flush(); err != nil {
 		up.close()
 		return
 	}
 	var once sync.Once
-	closeBoth := func() { once.Do(func() { guest.Close(); up.close() }) }
+	closeBoth := func() { once.Do(func() { t.conn.Close(); up.close() }) }
 	go func() {
-		io.Copy(up.conn, brw.Reader) // the guest's bytes, including any the server had buffered
+		io.Copy(up.conn, t.br) // the guest's bytes, including any already buffered
 		closeBoth()
 	}()
-	io.Copy(guest, up.br)
+	io.Copy(t.conn, up.br)
 	closeBoth()
 }
 
 // upstreamFailed answers a request the host did not take with a 502 the agent can read instead
 // of a silently closed connection.
-func (p *Proxy) upstreamFailed(w http.ResponseWriter, req *http.Request, rs *reqState, err error) {
-	if req.Context().Err() != nil {
-		// The guest went away: nothing to answer, but the request stays on record.
-		p.emitRequest(rs, 0, 0, audit.Allow, rs.allowRule(), "client closed the connection")
-		return
-	}
+func (p *Proxy) upstreamFailed(t *tunnel, rs *reqState, err error) {
 	p.log.Warn().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str("error", redactHex64(err.Error())).Msg("upstream request failed")
 	reason := fmt.Sprintf("nexus: upstream %s did not answer (%s)", rs.sess.host, upstreamErrorClass(err))
-	w.Header().Set("Connection", "close")
-	writeLine(w, http.StatusBadGateway, reason)
+	t.writeLine(http.StatusBadGateway, reason, true)
 	p.emitRequest(rs, http.StatusBadGateway, 0, audit.Allow, RuleUpstreamError, reason)
-}
-
-// flushWriter pushes every write to the guest at once.
-type flushWriter struct {
-	w  io.Writer
-	rc *http.ResponseController
-}
-
-func (f flushWriter) Write(b []byte) (int, error) {
-	n, err := f.w.Write(b)
-	if err == nil {
-		err = f.rc.Flush()
-	}
-	return n, err
 }
 
 // onlyReader hides a body's WriterTo so io.CopyBuffer uses the pooled buffer.

@@ -113,9 +113,9 @@ type Proxy struct {
 	tunnelAction *goproxy.ConnectAction
 	rejectAction *goproxy.ConnectAction
 
-	// inner serves the HTTP inside every tunnel; tunnels reach it through queue.
-	inner *http.Server
-	queue *connQueue
+	// ctx ends with Close: tunnels waiting on a host give up.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu      sync.Mutex
 	closed  bool
@@ -161,7 +161,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.tunnelAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: p.hijack}
 	p.rejectAction = &goproxy.ConnectAction{Action: goproxy.ConnectReject}
-	p.startInner()
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{p.log}
@@ -213,8 +213,7 @@ func (p *Proxy) Close() error {
 	for s := range servers {
 		s.Close()
 	}
-	p.inner.Close()
-	p.queue.Close()
+	p.cancel()
 	for c := range conns {
 		c.Conn.Close()
 	}

@@ -1,27 +1,29 @@
 package mitm
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/elazarl/goproxy"
 
-	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 // MaxRequestHeaderBytes bounds a request line plus headers inside a tunnel; a guest that sends
 // more is answered 431 and its connection closed.
 const MaxRequestHeaderBytes = 64 << 10
+
+// maxDrainBytes is how much of a request body nobody read is skipped to keep the connection;
+// more, and the connection closes instead.
+const maxDrainBytes = 256 << 10
 
 // Deadlines of the HTTP inside a tunnel (variables for tests). A guest that opens a tunnel and
 // says nothing, or dribbles a request head, is dropped.
@@ -35,63 +37,34 @@ var (
 // tlsRecordHandshake is the first byte of a TLS ClientHello record.
 const tlsRecordHandshake = 0x16
 
-type ctxKey int
-
-const (
-	sessionKey ctxKey = iota
-)
-
-// startInner builds the server that reads requests inside tunnels.
-func (p *Proxy) startInner() {
-	p.queue = newConnQueue()
-	p.inner = &http.Server{
-		Handler:           http.HandlerFunc(p.serveRequest),
-		MaxHeaderBytes:    MaxRequestHeaderBytes,
-		ReadHeaderTimeout: requestHeaderTimeout,
-		IdleTimeout:       p.cfg.IdleTimeout,
-		ErrorLog:          log.New(logWriter{p.log}, "", 0),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			if tc, ok := c.(*tunnelConn); ok {
-				return context.WithValue(ctx, sessionKey, tc.sess)
-			}
-			return ctx
-		},
-		ConnState: func(c net.Conn, st http.ConnState) {
-			// The conn's own goroutine calls this after its last request: the tunnel's upstream
-			// connection goes with it.
-			if tc, ok := c.(*tunnelConn); ok && st == http.StateClosed {
-				tc.sess.dropUpstream()
-			}
-		},
-	}
-	go p.inner.Serve(p.queue)
-}
-
 // hijack takes over an accepted CONNECT: it answers 200, then either terminates the guest's TLS
 // with the host's leaf or, when the first byte is not a TLS handshake, takes the tunnel as plain
-// HTTP. The connection then joins the inner server. The netstack shim waits for the 200 before it
-// sends a byte, so nothing the guest sent is left in the CONNECT's read buffer.
+// HTTP, and serves the tunnel's requests until it closes. The netstack shim waits for the 200
+// before it sends a byte, so nothing the guest sent is left in the CONNECT's read buffer.
 func (p *Proxy) hijack(r *http.Request, client net.Conn, ctx *goproxy.ProxyCtx) {
 	sess := ctx.UserData.(*session)
-	if err := p.openTunnel(r, client, sess); err != nil {
+	conn, err := p.openTunnel(r, client, sess)
+	if err != nil {
 		client.Close()
 		p.log.Debug().Str(logKeySandbox, sess.sb.ID).Str(logKeyHost, sess.host).Str("error", redactHex64(err.Error())).Msg("tunnel not opened")
+		return
 	}
+	p.serveTunnel(conn, sess)
 }
 
-func (p *Proxy) openTunnel(r *http.Request, client net.Conn, sess *session) error {
+func (p *Proxy) openTunnel(r *http.Request, client net.Conn, sess *session) (net.Conn, error) {
 	major, minor := r.ProtoMajor, r.ProtoMinor
 	if major != 1 {
 		major, minor = 1, 1
 	}
 	if _, err := fmt.Fprintf(client, "HTTP/%d.%d 200 Connection established\r\n\r\n", major, minor); err != nil {
-		return err
+		return nil, err
 	}
 	deadline := time.Now().Add(tunnelHandshakeTimeout)
 	client.SetDeadline(deadline)
 	first := make([]byte, 1)
 	if _, err := io.ReadFull(client, first); err != nil {
-		return err
+		return nil, err
 	}
 	conn := net.Conn(&prefixConn{Conn: client, prefix: first})
 	sess.scheme = "http"
@@ -101,43 +74,114 @@ func (p *Proxy) openTunnel(r *http.Request, client net.Conn, sess *session) erro
 		err := tc.HandshakeContext(hctx)
 		cancel()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		conn, sess.scheme = tc, "https"
 	}
 	client.SetDeadline(time.Time{})
-	if !p.queue.push(&tunnelConn{Conn: conn, sess: sess}) {
-		return net.ErrClosed
-	}
-	return nil
+	return conn, nil
 }
 
-// serveRequest judges one request inside a tunnel and forwards it when allowed. The checks run in
-// this order: host on the allowlist, Host header equals the tunnel's host, no placeholder bound
-// elsewhere, the request policy, then the credential swap.
-func (p *Proxy) serveRequest(w http.ResponseWriter, req *http.Request) {
-	sess, ok := req.Context().Value(sessionKey).(*session)
-	if !ok {
-		http.Error(w, "nexus: refused: only CONNECT tunnels are served", http.StatusMethodNotAllowed)
-		return
-	}
-	rs := &reqState{sess: sess, method: req.Method, path: redactPlaceholders(sess.sb, req.URL.Path)}
-	sb := sess.sb
+// tunnel is the guest's side of one tunnel: its requests are read and answered in order.
+type tunnel struct {
+	p    *Proxy
+	conn net.Conn
+	sess *session
+	lim  *headLimit
+	br   *bufio.Reader
+	bw   *bufio.Writer
+}
 
+// serveTunnel reads the guest's requests with net/http's parser, one at a time, and answers each:
+// refused, or forwarded over the tunnel's upstream connection. Reading a request head is bounded
+// in size (431) and time; between requests the tunnel may idle for IdleTimeout.
+func (p *Proxy) serveTunnel(conn net.Conn, sess *session) {
+	t := &tunnel{p: p, conn: conn, sess: sess, lim: &headLimit{r: conn, left: -1}}
+	t.br = bufio.NewReaderSize(t.lim, 4<<10)
+	t.bw = bufio.NewWriterSize(conn, 4<<10)
+	defer func() {
+		if v := recover(); v != nil {
+			p.log.Error().Str(logKeySandbox, sess.sb.ID).Str(logKeyHost, sess.host).Str("panic", redactHex64(fmt.Sprint(v))).Msg("tunnel failed")
+		}
+		sess.dropUpstream()
+		conn.Close()
+	}()
+	for t.serveOne() {
+	}
+}
+
+// serveOne serves one request; false ends the tunnel.
+func (t *tunnel) serveOne() bool {
+	t.conn.SetReadDeadline(time.Now().Add(t.p.cfg.IdleTimeout))
+	if _, err := t.br.Peek(1); err != nil {
+		return false // closed, or idle too long
+	}
+	t.conn.SetReadDeadline(time.Now().Add(requestHeaderTimeout))
+	// The reader may fill its buffer past the head: allow for that on top of the limit.
+	t.lim.arm(MaxRequestHeaderBytes + int64(t.br.Size()) - int64(t.br.Buffered()))
+	req, err := http.ReadRequest(t.br)
+	t.lim.disarm()
+	t.conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		switch {
+		case t.lim.exceeded:
+			t.writeLine(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("nexus: refused: request head larger than %d bytes", MaxRequestHeaderBytes), true)
+		case !errors.Is(err, io.EOF) && !isTimeout(err):
+			t.writeLine(http.StatusBadRequest, "nexus: refused: malformed HTTP request", true)
+		}
+		return false
+	}
+	if req.ProtoMajor != 1 {
+		t.writeLine(http.StatusHTTPVersionNotSupported, "nexus: refused: only HTTP/1.x is served in a tunnel", true)
+		return false
+	}
+	if req.ProtoAtLeast(1, 1) && req.Body != http.NoBody && req.Header.Get("Expect") == "100-continue" {
+		req.Body = &continueBody{ReadCloser: req.Body, t: t}
+	}
+	rs := &reqState{sess: t.sess, method: req.Method, path: redactPlaceholders(t.sess.sb, req.URL.Path)}
+	keep := true
+	if v := t.p.judge(req, rs); v != nil {
+		keep = t.refuse(req, rs, v)
+	} else {
+		keep = t.p.forward(t, req, rs)
+	}
+	if !keep || req.Close {
+		return false
+	}
+	// Whatever of the request body nobody read is skipped, within reason.
+	if req.Body != http.NoBody {
+		n, err := io.CopyN(io.Discard, req.Body, maxDrainBytes+1)
+		if n > maxDrainBytes || (err != nil && !errors.Is(err, io.EOF)) {
+			return false
+		}
+	}
+	return true
+}
+
+// verdict is a refusal: the status, the audit rule and the one-line reason.
+type verdict struct {
+	status int
+	rule   string
+	reason string
+}
+
+// judge decides one request inside a tunnel and, when it is allowed, swaps its credential. The
+// checks run in this order: host on the allowlist, Host header equals the tunnel's host, no
+// placeholder bound elsewhere, the request policy, then the credential swap. nil allows.
+func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
+	sess := rs.sess
+	sb := sess.sb
 	if !sess.allowed {
-		p.refuse(w, req, rs, http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host))
-		return
+		return &verdict{http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host)}
 	}
 	if h, ok := requestHost(req, sess.port); !ok || h != sess.host {
-		p.refuse(w, req, rs, http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host))
-		return
+		return &verdict{http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host)}
 	}
 	use := scanPlaceholders(sb, req, sess.host)
 	if use.leak {
-		p.refuse(w, req, rs, http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
+		return &verdict{http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
 			"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
-			sess.host, sess.host))
-		return
+			sess.host, sess.host)}
 	}
 	if sb.Policy != nil {
 		v := sb.Policy.Decide(req, sess.host)
@@ -150,8 +194,7 @@ func (p *Proxy) serveRequest(w http.ResponseWriter, req *http.Request) {
 			if reason == "" {
 				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, sess.host)
 			}
-			p.refuse(w, req, rs, http.StatusForbidden, rule, reason)
-			return
+			return &verdict{http.StatusForbidden, rule, reason}
 		}
 		rs.rule = v.Rule
 		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
@@ -164,17 +207,15 @@ func (p *Proxy) serveRequest(w http.ResponseWriter, req *http.Request) {
 		if placeholder == "" {
 			placeholder = use.basicPass
 		}
-		secret, err := p.resolve(req.Context(), sb, sess.host, placeholder)
+		secret, err := p.resolve(context.Background(), sb, sess.host, placeholder)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrRefused) {
-				p.refuse(w, req, rs, http.StatusForbidden, RuleCredRefused, fmt.Sprintf(
-					"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", sess.host))
-				return
+				return &verdict{http.StatusForbidden, RuleCredRefused, fmt.Sprintf(
+					"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", sess.host)}
 			}
 			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Str("error", redactHex64(err.Error())).Msg("credential resolve failed")
-			p.refuse(w, req, rs, http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
-				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host))
-			return
+			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
+				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host)}
 		}
 		if use.bearer != "" {
 			req.Header.Set("Authorization", "Bearer "+secret)
@@ -187,35 +228,96 @@ func (p *Proxy) serveRequest(w http.ResponseWriter, req *http.Request) {
 		rs.reqBody = &countingBody{ReadCloser: req.Body}
 		req.Body = rs.reqBody
 	}
-	p.forward(w, req, rs)
+	return nil
 }
 
 // refuse answers a refused request with its one-line reason (body and X-Nexus-Deny) and audits
-// it. A body the guest is still sending is not waited for: the connection closes after the answer.
-func (p *Proxy) refuse(w http.ResponseWriter, req *http.Request, rs *reqState, status int, rule, reason string) {
-	if req.Body != nil && req.Body != http.NoBody {
-		w.Header().Set("Connection", "close")
-	}
-	writeLine(w, status, reason)
-	p.emitRequest(rs, status, 0, audit.Deny, rule, reason)
-	p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, rule).Msg("request refused")
+// it. A body the guest is still sending is not waited for: the connection closes after the
+// answer. It reports whether the tunnel goes on.
+func (t *tunnel) refuse(req *http.Request, rs *reqState, v *verdict) bool {
+	closeAfter := req.Body != http.NoBody
+	t.writeLine(v.status, v.reason, closeAfter)
+	t.p.emitRequest(rs, v.status, 0, "deny", v.rule, v.reason)
+	t.p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, v.rule).Msg("request refused")
+	return !closeAfter
 }
 
-// writeLine writes a short text/plain answer whose one line is also X-Nexus-Deny.
-func writeLine(w http.ResponseWriter, status int, line string) {
+// writeLine answers with a short text/plain body whose one line is also X-Nexus-Deny.
+func (t *tunnel) writeLine(status int, line string, closeAfter bool) {
 	body := line + "\n"
-	h := w.Header()
+	h := http.Header{}
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set(DenyHeader, line)
-	w.WriteHeader(status)
-	io.WriteString(w, body)
+	if closeAfter {
+		h.Set("Connection", "close")
+	}
+	t.writeHead(status, h)
+	t.bw.WriteString(body)
+	t.bw.Flush()
 }
 
-// tunnelConn is a tunnel handed to the inner server, carrying the session it was opened for.
-type tunnelConn struct {
-	net.Conn
-	sess *session
+// writeHead writes a response's status line and headers (buffered).
+func (t *tunnel) writeHead(status int, h http.Header) {
+	text := http.StatusText(status)
+	if text == "" {
+		text = "status " + strconv.Itoa(status)
+	}
+	fmt.Fprintf(t.bw, "HTTP/1.1 %03d %s\r\n", status, text)
+	h.Write(t.bw)
+	t.bw.WriteString("\r\n")
+}
+
+// continueBody sends the guest the 100 Continue its request waits for when the body is first
+// read (it is never read for a refused request, whose answer then closes the connection).
+type continueBody struct {
+	io.ReadCloser
+	t    *tunnel
+	sent bool
+}
+
+func (b *continueBody) Read(p []byte) (int, error) {
+	if !b.sent {
+		b.sent = true
+		b.t.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		if err := b.t.bw.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	return b.ReadCloser.Read(p)
+}
+
+// headLimit bounds the bytes read while a request head is parsed.
+type headLimit struct {
+	r        io.Reader
+	left     int64 // < 0: no limit
+	exceeded bool
+}
+
+func (l *headLimit) arm(n int64) { l.left, l.exceeded = n, false }
+func (l *headLimit) disarm()     { l.left = -1 }
+
+var errHeadTooLarge = errors.New("mitm: request head too large")
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if l.left < 0 {
+		return l.r.Read(p)
+	}
+	if l.left == 0 {
+		l.exceeded = true
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // prefixConn replays the byte read to tell TLS from plain HTTP before reading on.
@@ -232,48 +334,6 @@ func (c *prefixConn) Read(b []byte) (int, error) {
 	}
 	return c.Conn.Read(b)
 }
-
-// connQueue is the inner server's listener: tunnels arrive from hijack, not from a socket.
-type connQueue struct {
-	ch   chan net.Conn
-	done chan struct{}
-	once sync.Once
-}
-
-func newConnQueue() *connQueue {
-	return &connQueue{ch: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (q *connQueue) Accept() (net.Conn, error) {
-	select {
-	case c := <-q.ch:
-		return c, nil
-	case <-q.done:
-		return nil, net.ErrClosed
-	}
-}
-
-// push hands a tunnel to the server; false once the queue is closed.
-func (q *connQueue) push(c net.Conn) bool {
-	select {
-	case q.ch <- c:
-		return true
-	case <-q.done:
-		return false
-	}
-}
-
-func (q *connQueue) Close() error {
-	q.once.Do(func() { close(q.done) })
-	return nil
-}
-
-func (q *connQueue) Addr() net.Addr { return tunnelAddr{} }
-
-type tunnelAddr struct{}
-
-func (tunnelAddr) Network() string { return "tunnel" }
-func (tunnelAddr) String() string  { return "mitm-tunnels" }
 
 // dropUpstream closes the tunnel's upstream connection, if any; the next request dials anew.
 func (s *session) dropUpstream() {
