@@ -302,3 +302,37 @@ func TestResolveCachedPerSandbox(t *testing.T) {
 		t.Fatalf("a re-registered sandbox used the old cache (%d resolves, want 2)", n)
 	}
 }
+
+// TestPipelinedHeadAndHTTP10: requests written back to back are answered in order on the same
+// connection (a HEAD without a body), and an HTTP/1.0 request gets its answer and the close it
+// expects.
+func TestPipelinedHeadAndHTTP10(t *testing.T) {
+	var hits atomic.Int64
+	h := newHarness(t, echoAuth(&hits))
+	tc := h.tlsTunnel(t)
+	tc.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(tc, "GET /one HTTP/1.1\r\nHost: api.example.com\r\n\r\n"+
+		"HEAD /two HTTP/1.1\r\nHost: api.example.com\r\n\r\n"+
+		"GET /three HTTP/1.0\r\nHost: api.example.com\r\n\r\n")
+	br := bufio.NewReader(tc)
+	for _, want := range []struct {
+		method string
+		body   string
+	}{{"GET", "auth="}, {"HEAD", ""}, {"GET", "auth="}} {
+		resp, err := http.ReadResponse(br, &http.Request{Method: want.method})
+		if err != nil {
+			t.Fatalf("%s: %v", want.method, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != want.body {
+			t.Fatalf("%s: %d %q", want.method, resp.StatusCode, b)
+		}
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the HTTP/1.0 answer the connection stays open (%v)", err)
+	}
+	if hits.Load() != 3 {
+		t.Fatalf("host saw %d requests", hits.Load())
+	}
+}
