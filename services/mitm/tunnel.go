@@ -171,6 +171,9 @@ type verdict struct {
 func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
 	sess := rs.sess
 	sb := sess.sb
+	if req.Method == http.MethodConnect {
+		return &verdict{http.StatusMethodNotAllowed, RuleBadRequest, "nexus: refused: CONNECT inside a tunnel (open a new connection to the other host instead)"}
+	}
 	if !sess.allowed {
 		return &verdict{http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host)}
 	}

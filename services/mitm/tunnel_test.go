@@ -336,3 +336,20 @@ func TestPipelinedHeadAndHTTP10(t *testing.T) {
 		t.Fatalf("host saw %d requests", hits.Load())
 	}
 }
+
+// TestConnectInsideTunnelRefused: a tunnel cannot be turned into a tunnel to somewhere else.
+func TestConnectInsideTunnelRefused(t *testing.T) {
+	var hits atomic.Int64
+	h := newHarness(t, echoAuth(&hits))
+	tc := h.tlsTunnel(t)
+	tc.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(tc, "CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(resp.Header.Get(DenyHeader), "CONNECT inside a tunnel") || hits.Load() != 0 {
+		t.Fatalf("status %d deny %q hits %d", resp.StatusCode, resp.Header.Get(DenyHeader), hits.Load())
+	}
+	h.waitEvent(t, ruleIs(RuleBadRequest))
+}
