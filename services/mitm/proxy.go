@@ -60,6 +60,7 @@ const (
 	RuleCredUnavailable = "cred_unavailable"
 	RuleUpstreamError   = "upstream_error"
 	RuleBadRequest      = "bad_request"
+	RuleHeadTooLarge    = "request_head_too_large"
 )
 
 // DenyHeader carries the one-line reason of a refusal, also sent as the body.

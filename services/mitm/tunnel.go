@@ -14,6 +14,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -125,14 +126,14 @@ func (t *tunnel) serveOne() bool {
 	if err != nil {
 		switch {
 		case t.lim.exceeded:
-			t.writeLine(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("nexus: refused: request head larger than %d bytes", MaxRequestHeaderBytes), true)
+			t.refuseUnread(http.StatusRequestHeaderFieldsTooLarge, RuleHeadTooLarge, fmt.Sprintf("nexus: refused: request head larger than %d bytes", MaxRequestHeaderBytes))
 		case !errors.Is(err, io.EOF) && !isTimeout(err):
-			t.writeLine(http.StatusBadRequest, "nexus: refused: malformed HTTP request", true)
+			t.refuseUnread(http.StatusBadRequest, RuleBadRequest, "nexus: refused: malformed HTTP request")
 		}
 		return false
 	}
 	if req.ProtoMajor != 1 {
-		t.writeLine(http.StatusHTTPVersionNotSupported, "nexus: refused: only HTTP/1.x is served in a tunnel", true)
+		t.refuseUnread(http.StatusHTTPVersionNotSupported, RuleBadRequest, "nexus: refused: only HTTP/1.x is served in a tunnel")
 		return false
 	}
 	if req.ProtoAtLeast(1, 1) && req.Body != http.NoBody && req.Header.Get("Expect") == "100-continue" {
@@ -148,10 +149,11 @@ func (t *tunnel) serveOne() bool {
 	if !keep || req.Close {
 		return false
 	}
-	// Whatever of the request body nobody read is skipped, within reason.
+	// Whatever of the request body nobody read is skipped, within reason. A body the upstream
+	// write closed has been read to its end already.
 	if req.Body != http.NoBody {
 		n, err := io.CopyN(io.Discard, req.Body, maxDrainBytes+1)
-		if n > maxDrainBytes || (err != nil && !errors.Is(err, io.EOF)) {
+		if n > maxDrainBytes || (err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, http.ErrBodyReadAfterClose)) {
 			return false
 		}
 	}
@@ -240,9 +242,17 @@ func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
 func (t *tunnel) refuse(req *http.Request, rs *reqState, v *verdict) bool {
 	closeAfter := req.Body != http.NoBody
 	t.writeLine(v.status, v.reason, closeAfter)
-	t.p.emitRequest(rs, v.status, 0, "deny", v.rule, v.reason)
+	t.p.emitRequest(rs, v.status, 0, audit.Deny, v.rule, v.reason)
 	t.p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, v.rule).Msg("request refused")
 	return !closeAfter
+}
+
+// refuseUnread answers a request that could not be read whole, audits it, and closes.
+func (t *tunnel) refuseUnread(status int, rule, reason string) {
+	t.writeLine(status, reason, true)
+	t.p.emit(audit.Event{Sandbox: t.sess.sb.ID, Layer: audit.LayerHTTP, Host: t.sess.host, Port: atoiPort(t.sess.port),
+		Status: status, Decision: audit.Deny, Rule: rule, Reason: reason})
+	t.p.log.Info().Str(logKeySandbox, t.sess.sb.ID).Str(logKeyHost, t.sess.host).Str(logKeyRule, rule).Msg("request refused")
 }
 
 // writeLine answers with a short text/plain body whose one line is also X-Nexus-Deny.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+	"github.com/IniZio/nexus/pkg/audit"
 )
 
 // tlsTunnel opens an authenticated CONNECT to api.example.com:443 and completes the guest's TLS
@@ -54,6 +55,9 @@ func TestOversizedRequestHeadRefused(t *testing.T) {
 	}
 	if hits.Load() != 0 {
 		t.Fatal("the oversized request reached the host")
+	}
+	if ev := h.waitEvent(t, ruleIs(RuleHeadTooLarge)); ev.Decision != audit.Deny || ev.Status != 431 || ev.Host != "api.example.com" {
+		t.Fatalf("audit event %+v", ev)
 	}
 	c := h.client(t, testSandbox, testToken)
 	if resp, body := get(t, c, "https://api.example.com/after", nil); resp.StatusCode != 200 || !strings.HasPrefix(body, "auth=") {
@@ -352,4 +356,33 @@ func TestConnectInsideTunnelRefused(t *testing.T) {
 		t.Fatalf("status %d deny %q hits %d", resp.StatusCode, resp.Header.Get(DenyHeader), hits.Load())
 	}
 	h.waitEvent(t, ruleIs(RuleBadRequest))
+}
+
+// TestKeepAliveAfterBodies: requests with bodies (fixed length and chunked) keep the guest's
+// connection for the next request.
+func TestKeepAliveAfterBodies(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%d", len(b))
+	}))
+	c := h.client(t, testSandbox, testToken)
+	for i, body := range []io.Reader{strings.NewReader("fixed"), io.MultiReader(strings.NewReader("chun"), strings.NewReader("ked!"))} {
+		req, _ := http.NewRequest("POST", "https://api.example.com/p", body)
+		var reused bool
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+		}))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := []string{"5", "8"}[i]; string(b) != want {
+			t.Fatalf("POST %d: host read %s bytes, want %s", i, b, want)
+		}
+		if i > 0 && !reused {
+			t.Fatalf("POST %d: the guest's connection was closed after a request with a body", i)
+		}
+	}
 }
