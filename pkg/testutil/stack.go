@@ -114,6 +114,7 @@ type Stack struct {
 	URL     string
 	cmd     *exec.Cmd
 	log     *bytes.Buffer
+	logFile *os.File
 	logMu   sync.Mutex
 	done    chan struct{}
 	Started time.Time
@@ -157,6 +158,10 @@ func StartStack(extraEnv ...string) (*Stack, error) {
 func (s *Stack) start() error {
 	if s.log == nil {
 		s.log = &bytes.Buffer{} // kept across restarts: a leak scan must see every run's output
+		// NEXUS_STACK_LOG=path also appends the stack's output to a file, to follow a long run.
+		if p := os.Getenv("NEXUS_STACK_LOG"); p != "" {
+			s.logFile, _ = os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		}
 	}
 	s.cmd = exec.Command(s.Bin, "up", "--log-level", "debug")
 	s.cmd.Env = s.Env
@@ -191,6 +196,9 @@ type lockedWriter Stack
 func (w *lockedWriter) Write(p []byte) (int, error) {
 	w.logMu.Lock()
 	defer w.logMu.Unlock()
+	if w.logFile != nil {
+		w.logFile.Write(p)
+	}
 	return w.log.Write(p)
 }
 

@@ -671,3 +671,30 @@ func TestDHCP(t *testing.T) {
 		t.Fatalf("offer: %s", offer.Summary())
 	}
 }
+
+// TestConcurrentCreates: many sandboxes starting at once each get their network (a create in
+// progress must not trip up the others), and every one can be removed.
+func TestConcurrentCreates(t *testing.T) {
+	e := newEnv(t, netstackapi.Policy{Mode: netstackapi.ModeCurated})
+	const n = 16
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := e.svc.CreateNetwork(context.Background(), netstack.Spec{SandboxID: fmt.Sprintf("sb-par-%d", i), SocketPath: shortSocket(t)})
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent create: %v", err)
+		}
+	}
+	for i := range n {
+		if err := e.svc.RemoveNetwork(context.Background(), fmt.Sprintf("sb-par-%d", i)); err != nil {
+			t.Fatalf("remove %d: %v", i, err)
+		}
+	}
+	if got := len(e.svc.List()); got != 1 {
+		t.Fatalf("%d networks left, want the test's own", got)
+	}
+}

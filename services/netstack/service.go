@@ -159,25 +159,9 @@ func (s *Service) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("create network %s: %w", spec.SandboxID, err)
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return Info{}, errdefs.Unavailable("netstack is shutting down")
+	if err := s.reserve(spec); err != nil {
+		return Info{}, err
 	}
-	if _, ok := s.nets[spec.SandboxID]; ok {
-		s.mu.Unlock()
-		return Info{}, errdefs.Conflict("a network for sandbox %s already exists", spec.SandboxID)
-	}
-	for _, other := range s.nets {
-		if other.socketPath == spec.SocketPath {
-			s.mu.Unlock()
-			return Info{}, errdefs.Conflict("socket %s is already used by sandbox %s", spec.SocketPath, other.id)
-		}
-	}
-	// Reserve the id while the network starts.
-	s.nets[spec.SandboxID] = nil
-	s.mu.Unlock()
-
 	n, err := newNetwork(s, spec, pol, allow)
 	s.mu.Lock()
 	if err != nil {
@@ -194,6 +178,26 @@ func (s *Service) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 	s.mu.Unlock()
 	s.log.Info().Str(logSandbox, spec.SandboxID).Str(logMode, pol.Mode).Int("rules", len(pol.Allow)).Msg("network created")
 	return n.info(), nil
+}
+
+// reserve claims spec's sandbox id (a nil entry while its network starts) after checking that
+// neither the id nor the socket is taken.
+func (s *Service) reserve(spec Spec) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errdefs.Unavailable("netstack is shutting down")
+	}
+	if _, ok := s.nets[spec.SandboxID]; ok {
+		return errdefs.Conflict("a network for sandbox %s already exists", spec.SandboxID)
+	}
+	for _, other := range s.nets {
+		if other != nil && other.socketPath == spec.SocketPath { // nil: another create in progress
+			return errdefs.Conflict("socket %s is already used by sandbox %s", spec.SocketPath, other.id)
+		}
+	}
+	s.nets[spec.SandboxID] = nil
+	return nil
 }
 
 // UpdateNetwork replaces a network's policy. Decisions from now on use it; open connections stay.
