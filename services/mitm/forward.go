@@ -25,9 +25,6 @@ func (p *Proxy) forward(t *tunnel, req *http.Request, rs *reqState) bool {
 	if err != nil {
 		return t.refuse(req, rs, &verdict{http.StatusBadRequest, RuleBadRequest, "nexus: refused: " + err.Error()})
 	}
-	// Closing the proxy ends the wait for the host and the relay.
-	stop := context.AfterFunc(p.ctx, rs.sess.dropUpstream)
-	defer stop()
 	resp, err := p.exchange(p.ctx, rs.sess, out)
 	if err != nil {
 		p.upstreamFailed(t, rs, err)

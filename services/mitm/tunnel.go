@@ -100,6 +100,12 @@ func (p *Proxy) serveTunnel(conn net.Conn, sess *session) {
 	t := &tunnel{p: p, conn: conn, sess: sess, lim: &headLimit{r: conn, left: -1}}
 	t.br = bufio.NewReaderSize(t.lim, 4<<10)
 	t.bw = bufio.NewWriterSize(conn, 4<<10)
+	// Closing the proxy ends a wait for the host or the guest.
+	stop := context.AfterFunc(p.ctx, func() {
+		sess.dropUpstream()
+		conn.Close()
+	})
+	defer stop()
 	defer func() {
 		if v := recover(); v != nil {
 			p.log.Error().Str(logKeySandbox, sess.sb.ID).Str(logKeyHost, sess.host).Str("panic", redactHex64(fmt.Sprint(v))).Msg("tunnel failed")
@@ -140,7 +146,7 @@ func (t *tunnel) serveOne() bool {
 		req.Body = &continueBody{ReadCloser: req.Body, t: t}
 	}
 	rs := &reqState{sess: t.sess, method: req.Method, path: redactPlaceholders(t.sess.sb, req.URL.Path)}
-	keep := true
+	var keep bool
 	if v := t.p.judge(req, rs); v != nil {
 		keep = t.refuse(req, rs, v)
 	} else {
