@@ -69,6 +69,9 @@ run "$NEXUS" exec demo/agent -- sh -c 'curl -sS -m 5 https://evil.example/ || tr
 run "$NEXUS" exec demo/agent -- sh -c 'curl -sS -m 5 http://203.0.113.7/ || true'
 run "$NEXUS" exec demo/agent -- sh -c 'getent hosts evil.example || echo "evil.example: no such host (NXDOMAIN from the perimeter)"'
 
+say "denied at HTTP level: the credential used on a repository the sandbox is not bound to"
+run "$NEXUS" exec demo/agent -- sh -c 'curl -sS -X POST https://api.github.com/repos/someone/else/issues -H "Authorization: Bearer $GH_TOKEN" -d "{}" -w "HTTP %{http_code}\n"'
+
 say "every decision is in the audit stream"
 run "$NEXUS" audit tail --sandbox demo/agent
 run "$NEXUS" egress show demo/agent

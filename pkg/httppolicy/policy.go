@@ -207,6 +207,16 @@ func (e *Engine) Decide(r *http.Request, host string) Decision {
 			}
 		}
 	}
+	if host == GitHubAPI {
+		// A sandbox bound to repositories writing to another one: say which repositories it is
+		// bound to and how to bind this one.
+		if repo, _, ok := apiRepo(path); ok {
+			if repos := e.reposFor(host); len(repos) > 0 && !slices.Contains(repos, repo) {
+				return deny(RuleForeignRepo, fmt.Sprintf("nexus: refused: %s /repos/%s on api.github.com: this sandbox is bound to %s (bind it with --repo %s or repos under egress.policy.api.github.com in .nexus/config.yaml)",
+					method(r), redactPath(repo), describeRepos(repos), redactPath(repo)))
+			}
+		}
+	}
 	return deny(RuleDefaultDeny, fmt.Sprintf("nexus: refused: %s %s on %s matches no egress.policy rule (policy-gated hosts are default-deny; add a paths rule under egress.policy.%s in .nexus/config.yaml)",
 		method(r), redactPath(path), host, host))
 }
