@@ -245,7 +245,12 @@ func (g *Gateway) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, e
 }
 
 // boot moves sb through starting to running, or to failed with the reason.
-func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) error {
+func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) (err error) {
+	defer func() {
+		if err != nil {
+			err = g.removedMeanwhile(sb, err)
+		}
+	}()
 	perim, err := g.startBoot(ctx, sb)
 	if err != nil {
 		return err
@@ -264,6 +269,18 @@ func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) er
 		return err
 	}
 	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
+}
+
+// removedMeanwhile explains a boot that failed because the sandbox was removed (or is being
+// removed) while it started: the caller would otherwise see the lost revision race.
+func (g *Gateway) removedMeanwhile(sb *api.Sandbox, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cur, gerr := g.reg.Get(ctx, sb.Name)
+	if errors.Is(gerr, errdefs.ErrNotFound) || (gerr == nil && (cur.ID != sb.ID || cur.State == api.StateRemoving)) {
+		return errdefs.Conflict("sandbox %s was removed while it was starting", sb.Name)
+	}
+	return err
 }
 
 // forget deletes the record of a sandbox whose creation was refused.
