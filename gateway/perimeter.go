@@ -39,7 +39,7 @@ func (g *Gateway) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 		if h, err := os.UserHomeDir(); err == nil {
 			dir := filepath.Join(h, prof.CredDir)
 			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-				p.mounts = append(p.mounts, vmmapi.Mount{Host: dir, Guest: prof.GuestCredPath})
+				p.mounts = append(p.mounts, vmmapi.Mount{Host: dir, Guest: prof.GuestCredPath, Remount: true})
 				bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectGuard, credapi.GuardRequest{SandboxID: sb.ID})
 			}
 		}

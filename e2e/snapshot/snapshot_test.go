@@ -244,3 +244,37 @@ func TestNamedVolumeSurvivesStopStart(t *testing.T) {
 		t.Errorf("bad --mount-named: exit %d, %q", code, errOut)
 	}
 }
+
+// TestProfileCredentialMountSnapshotAndFork: the claude-code profile live-mounts the host's
+// ~/.claude; that mount does not block a snapshot: it is dropped for the copy and mounted again
+// in the parent, and a fork gets it too, live.
+func TestProfileCredentialMountSnapshotAndFork(t *testing.T) {
+	dir := filepath.Join(stack.Root, "home", ".claude")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) }) // the package's other sandboxes get no profile mount
+	cred := filepath.Join(dir, ".credentials.json")
+	os.WriteFile(cred, []byte("v1"), 0o600)
+	read := func(name string) string {
+		t.Helper()
+		return stack.MustNexus(t, "exec", name, "--", "cat", "/root/.claude/.credentials.json")
+	}
+	create(t, "cred/box")
+	if got := read("cred/box"); got != "v1" {
+		t.Fatalf("profile mount in the guest: %q", got)
+	}
+	snapshot(t, "cred/box", "cred-snap")
+	os.WriteFile(cred, []byte("v2"), 0o600)
+	if got := read("cred/box"); got != "v2" {
+		t.Fatalf("parent after the snapshot reads %q: the live mount is not back", got)
+	}
+	fork(t, "cred-snap", "cred/child")
+	if got := read("cred/child"); got != "v2" {
+		t.Fatalf("fork reads %q: it does not have the live mount", got)
+	}
+	stack.MustNexus(t, "exec", "cred/child", "--", "sh", "-c", "echo from-fork > /root/.claude/fork.txt")
+	if b, _ := os.ReadFile(filepath.Join(dir, "fork.txt")); string(b) != "from-fork\n" {
+		t.Fatalf("the fork's write did not reach the host: %q", b)
+	}
+}

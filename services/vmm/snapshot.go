@@ -69,12 +69,13 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	if spec.Kernel == "" {
 		return api.SnapshotInfo{}, errdefs.Unavailable("snapshot: sandbox %s was started by an older vmm; stop and start it first", m.name)
 	}
-	if len(spec.Mounts) > 0 {
+	remount, fixed := splitMounts(spec)
+	if len(fixed) > 0 {
 		op := r.Op
 		if op != "fork" {
 			op = "snapshot create"
 		}
-		return api.SnapshotInfo{}, s.mountRefusal(ctx, m, spec, op)
+		return api.SnapshotInfo{}, s.mountRefusal(ctx, m, spec, fixed, op)
 	}
 	if _, busy := s.snapping.LoadOrStore(m.id, true); busy {
 		return api.SnapshotInfo{}, errdefs.Conflict("sandbox %s is being snapshotted already; try again when that finishes", m.name)
@@ -92,6 +93,10 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	}
 	for _, d := range spec.ExtraDisks {
 		info.Volumes = append(info.Volumes, api.Volume{Name: strings.TrimSuffix(filepath.Base(d.Path), ".ext4")})
+	}
+	for _, i := range remount {
+		mt := spec.Mounts[i]
+		info.Mounts = append(info.Mounts, api.Mount{Host: mt.HostPath, Guest: mt.Guest, ReadOnly: mt.ReadOnly, Remount: true})
 	}
 	if err := os.MkdirAll(s.cfg.Home.Snapshots(), 0o700); err != nil {
 		return api.SnapshotInfo{}, err
@@ -111,6 +116,15 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
 	wasPaused := st == "paused" || st == "postmigrate" // postmigrate: paused, and snapshotted before
+	if wasPaused && len(remount) > 0 {
+		return api.SnapshotInfo{}, errdefs.Conflict("snapshot %s: sandbox %s is paused with %s mounted from the host; resume it first (the mount is dropped for the snapshot and mounted again)",
+			r.Snapshot, m.name, spec.Mounts[remount[0]].Guest)
+	}
+	// QEMU cannot save a VM while the guest has a 9p export mounted: drop the remountable ones
+	// for the copy and mount them again after.
+	if err := s.unmountForSnapshot(ctx, m, spec, remount); err != nil {
+		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
+	}
 	paused := time.Now()
 	err = s.capture(ctx, m, spec, tmp, &info)
 	if !wasPaused {
@@ -122,6 +136,13 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 		now := time.Now()
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		m.agent.Configure(cctx, agentproto.ConfigureRequest{Time: &now})
+		cancel()
+	}
+	if len(remount) > 0 {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		if rerr := s.remount(rctx, m.agent, spec, remount); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("mounting again after the snapshot: %w", rerr))
+		}
 		cancel()
 	}
 	if err != nil {
@@ -179,8 +200,68 @@ func (s *Service) capture(ctx context.Context, m *machine, spec qemu.VMSpec, dir
 	return nil
 }
 
-// mountRefusal names every host→guest pair of a sandbox's 9p mounts.
-func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec, op string) error {
+// splitMounts sorts a sandbox's 9p mounts (indices into spec.Mounts) into those a snapshot may
+// drop and mount again and those that refuse it.
+func splitMounts(spec qemu.VMSpec) (remount, fixed []int) {
+	for i, mt := range spec.Mounts {
+		if mt.Remount && mt.Guest != "" {
+			remount = append(remount, i)
+		} else {
+			fixed = append(fixed, i)
+		}
+	}
+	return remount, fixed
+}
+
+// unmountForSnapshot drops the mounts idx in the guest; if one cannot be dropped (busy), those
+// already dropped are mounted again and the snapshot is refused.
+func (s *Service) unmountForSnapshot(ctx context.Context, m *machine, spec qemu.VMSpec, idx []int) error {
+	var done []int
+	for _, i := range idx {
+		g := spec.Mounts[i].Guest
+		var out capped
+		out.max = 4 << 10
+		st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"umount", g}}, nil, &out, &out, nil)
+		if err == nil && st.Code != 0 {
+			err = errors.New(oneLine(out.String()))
+		}
+		if err != nil {
+			if rerr := s.remount(context.WithoutCancel(ctx), m.agent, spec, done); rerr != nil {
+				s.log.Warn().Err(rerr).Str("sandbox", m.name).Msg("mounting again after a refused snapshot")
+			}
+			return errdefs.Conflict("%s could not be unmounted in the guest for the snapshot (%v); close what holds it open and retry", g, err)
+		}
+		done = append(done, i)
+	}
+	return nil
+}
+
+// remount mounts spec.Mounts[idx] in the guest again.
+func (s *Service) remount(ctx context.Context, agent *guest.Client, spec qemu.VMSpec, idx []int) error {
+	var errs []error
+	for _, i := range idx {
+		mt := spec.Mounts[i]
+		tag := mt.Tag
+		if tag == "" {
+			tag = fmt.Sprintf("nexus%d", i)
+		}
+		if err := s.mount(ctx, agent, tag, api.Mount{Host: mt.HostPath, Guest: mt.Guest, ReadOnly: mt.ReadOnly}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		s = s[:i]
+	}
+	return strings.ToValidUTF8(s, "?")
+}
+
+// mountRefusal names the host→guest pairs of the sandbox's 9p mounts idx.
+func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec, idx []int, op string) error {
 	// The guest's answer is untrusted: bounded, and only used to name mount points.
 	guestOf := map[string]string{}
 	out := &capped{max: 64 << 10}
@@ -193,7 +274,8 @@ func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec
 		}
 	}
 	var pairs []string
-	for i, mt := range spec.Mounts {
+	for _, i := range idx {
+		mt := spec.Mounts[i]
 		tag := mt.Tag
 		if tag == "" {
 			tag = fmt.Sprintf("nexus%d", i)
@@ -308,6 +390,12 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 	if spec.Kernel == "" {
 		spec.Kernel = bf.kernel.VmlinuzPath
 	}
+	var remount []int
+	for i, mt := range info.Mounts {
+		// The parent's devices, in its order: the saved device state needs them.
+		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: mt.Host, Tag: fmt.Sprintf("nexus%d", i), ReadOnly: mt.ReadOnly, Guest: mt.Guest, Remount: true})
+		remount = append(remount, i)
+	}
 	for _, v := range info.Volumes {
 		dst := s.volumePath(r.ID, v.Name)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
@@ -347,6 +435,9 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 	now := time.Now()
 	if err := agent.Configure(bctx, agentproto.ConfigureRequest{Hostname: r.Hostname, Env: r.Env, Time: &now}); err != nil {
 		return fail("configure", err)
+	}
+	if err := s.remount(bctx, agent, spec, remount); err != nil {
+		return fail("mounts", err)
 	}
 	p.finish("configure")
 	s.serve(m)

@@ -49,6 +49,9 @@ type SnapshotInfo struct {
 	Accel         string    `json:"accel"`
 	Net           bool      `json:"net"` // the VM has a NIC: a fork needs a network socket
 	Volumes       []Volume  `json:"volumes,omitempty"`
+	// Mounts are the parent's remountable 9p mounts, in device order: a fork gets the same
+	// devices and mounts them again.
+	Mounts []Mount `json:"mounts,omitempty"`
 	RAMBytes      int64     `json:"ram_bytes"`
 	RAMDataBytes  int64     `json:"ram_data_bytes"` // of RAMBytes, how much was touched (copied)
 	StateBytes    int64     `json:"state_bytes"`

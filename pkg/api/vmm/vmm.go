@@ -32,6 +32,10 @@ type Mount struct {
 	Host     string `json:"host"`
 	Guest    string `json:"guest"`
 	ReadOnly bool   `json:"read_only,omitempty"`
+	// Remount marks a mount the vmm may drop in the guest for a snapshot and mount again after,
+	// in the parent and in every fork (the agent profile's credential directory): it does not
+	// stand in the way of snapshots the way a user's --mount does.
+	Remount bool `json:"remount,omitempty"`
 }
 
 // StartRequest boots (or re-boots after a stop) the VM of one sandbox.

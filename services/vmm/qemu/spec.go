@@ -23,6 +23,9 @@ type Mount struct {
 	HostPath string
 	Tag      string // 9p mount tag; default nexus<N> by position
 	ReadOnly bool
+	// Guest and Remount are recorded for snapshots (api.Mount.Remount); QEMU does not use them.
+	Guest   string `json:",omitempty"`
+	Remount bool   `json:",omitempty"`
 }
 
 // Disk is an extra virtio-blk disk (named volumes).
