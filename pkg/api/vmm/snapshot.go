@@ -40,18 +40,18 @@ type SnapshotRequest struct {
 
 // SnapshotInfo is what the vmm stores with a snapshot (snapshot.json in its directory).
 type SnapshotInfo struct {
-	Name          string    `json:"name"`
-	Host          string    `json:"host"`
-	ParentID      string    `json:"parent_id"`
-	Image         string    `json:"image"`
-	MemoryMiB     int       `json:"memory_mib"`
-	VCPUs         int       `json:"vcpus"`
-	Accel         string    `json:"accel"`
-	Net           bool      `json:"net"` // the VM has a NIC: a fork needs a network socket
-	Volumes       []Volume  `json:"volumes,omitempty"`
+	Name      string   `json:"name"`
+	Host      string   `json:"host"`
+	ParentID  string   `json:"parent_id"`
+	Image     string   `json:"image"`
+	MemoryMiB int      `json:"memory_mib"`
+	VCPUs     int      `json:"vcpus"`
+	Accel     string   `json:"accel"`
+	Net       bool     `json:"net"` // the VM has a NIC: a fork needs a network socket
+	Volumes   []Volume `json:"volumes,omitempty"`
 	// Mounts are the parent's remountable 9p mounts, in device order: a fork gets the same
 	// devices and mounts them again.
-	Mounts []Mount `json:"mounts,omitempty"`
+	Mounts        []Mount   `json:"mounts,omitempty"`
 	RAMBytes      int64     `json:"ram_bytes"`
 	RAMDataBytes  int64     `json:"ram_data_bytes"` // of RAMBytes, how much was touched (copied)
 	StateBytes    int64     `json:"state_bytes"`
