@@ -35,6 +35,24 @@ func (h *harness) tlsTunnel(t *testing.T) *tls.Conn {
 	return tc
 }
 
+// traced sends one request and reports its status, its body and whether it rode a kept
+// connection.
+func traced(t *testing.T, c *http.Client, method, url string, body io.Reader) (int, string, bool) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, body)
+	var reused bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+	}))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b), reused
+}
+
 // TestOversizedRequestHeadRefused: a guest that sends a request head beyond the limit gets 431
 // and a closed connection; the host never sees the request and the proxy keeps serving others.
 func TestOversizedRequestHeadRefused(t *testing.T) {
@@ -113,25 +131,15 @@ func TestKeptUpstreamClosedByHost(t *testing.T) {
 	c := h.client(t, testSandbox, testToken)
 	do := func(method string, body io.Reader) (int, string, bool) {
 		t.Helper()
-		req, _ := http.NewRequest(method, "https://api.example.com/x", body)
-		var reused bool
-		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
-		}))
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == 200 {
+		status, b, reused := traced(t, c, method, "https://api.example.com/x", body)
+		if status == 200 {
 			select {
 			case <-closed:
 			case <-time.After(10 * time.Second):
 				t.Fatal("the host did not close its connection")
 			}
 		}
-		return resp.StatusCode, string(b), reused
+		return status, b, reused
 	}
 
 	// Sent at once after the close: the GET goes out on the dead connection, finds it closed
@@ -367,18 +375,8 @@ func TestKeepAliveAfterBodies(t *testing.T) {
 	}))
 	c := h.client(t, testSandbox, testToken)
 	for i, body := range []io.Reader{strings.NewReader("fixed"), io.MultiReader(strings.NewReader("chun"), strings.NewReader("ked!"))} {
-		req, _ := http.NewRequest("POST", "https://api.example.com/p", body)
-		var reused bool
-		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
-		}))
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if want := []string{"5", "8"}[i]; string(b) != want {
+		_, b, reused := traced(t, c, "POST", "https://api.example.com/p", body)
+		if want := []string{"5", "8"}[i]; b != want {
 			t.Fatalf("POST %d: host read %s bytes, want %s", i, b, want)
 		}
 		if i > 0 && !reused {

@@ -131,7 +131,7 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		spec.Net = &qemu.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
 	}
 	for i, m := range r.Mounts {
-		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: m.Host, Tag: fmt.Sprintf("nexus%d", i), ReadOnly: m.ReadOnly,
+		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: m.Host, Tag: qemu.MountTag(i), ReadOnly: m.ReadOnly,
 			Guest: m.Guest, Remount: m.Remount})
 	}
 	if err := s.attachVolumes(ctx, r.ID, r.Volumes, &spec); err != nil {
@@ -174,7 +174,7 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		return fail("configure", err)
 	}
 	for i, mnt := range r.Mounts {
-		if err := s.mount(bctx, agent, fmt.Sprintf("nexus%d", i), mnt); err != nil {
+		if err := s.mount(bctx, agent, qemu.MountTag(i), mnt); err != nil {
 			return fail("mounts", err)
 		}
 	}

@@ -241,11 +241,7 @@ func (s *Service) remount(ctx context.Context, agent *guest.Client, spec qemu.VM
 	var errs []error
 	for _, i := range idx {
 		mt := spec.Mounts[i]
-		tag := mt.Tag
-		if tag == "" {
-			tag = fmt.Sprintf("nexus%d", i)
-		}
-		if err := s.mount(ctx, agent, tag, api.Mount{Host: mt.HostPath, Guest: mt.Guest, ReadOnly: mt.ReadOnly}); err != nil {
+		if err := s.mount(ctx, agent, mt.TagAt(i), api.Mount{Host: mt.HostPath, Guest: mt.Guest, ReadOnly: mt.ReadOnly}); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -276,11 +272,7 @@ func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec
 	var pairs []string
 	for _, i := range idx {
 		mt := spec.Mounts[i]
-		tag := mt.Tag
-		if tag == "" {
-			tag = fmt.Sprintf("nexus%d", i)
-		}
-		g := guestOf[tag]
+		g := guestOf[mt.TagAt(i)]
 		if g == "" {
 			g = "(not mounted)"
 		}
@@ -393,7 +385,7 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 	var remount []int
 	for i, mt := range info.Mounts {
 		// The parent's devices, in its order: the saved device state needs them.
-		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: mt.Host, Tag: fmt.Sprintf("nexus%d", i), ReadOnly: mt.ReadOnly, Guest: mt.Guest, Remount: true})
+		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: mt.Host, Tag: qemu.MountTag(i), ReadOnly: mt.ReadOnly, Guest: mt.Guest, Remount: true})
 		remount = append(remount, i)
 	}
 	for _, v := range info.Volumes {

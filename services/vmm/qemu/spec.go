@@ -28,6 +28,17 @@ type Mount struct {
 	Remount bool   `json:",omitempty"`
 }
 
+// MountTag is the 9p tag of the i-th mount: nexus<i>.
+func MountTag(i int) string { return fmt.Sprintf("nexus%d", i) }
+
+// TagAt is m's 9p tag when it is the i-th mount.
+func (m Mount) TagAt(i int) string {
+	if m.Tag != "" {
+		return m.Tag
+	}
+	return MountTag(i)
+}
+
 // Disk is an extra virtio-blk disk (named volumes).
 type Disk struct {
 	Path     string
