@@ -26,6 +26,8 @@ type Publisher struct {
 	wg      sync.WaitGroup
 	once    sync.Once
 	subject func(Event) string
+	spool   *spool // nil: events live only in memory until acknowledged
+	stop    chan struct{}
 }
 
 type pubItem struct {
@@ -33,6 +35,7 @@ type pubItem struct {
 	id      string
 	data    []byte
 	tries   int
+	spooled bool // already in the spool (read back at start)
 }
 
 // NewPublisher starts a publisher on nc. Events go to nexus.audit.egress.<Event.Sandbox>
@@ -42,11 +45,62 @@ func NewPublisher(nc *nats.Conn, log zerolog.Logger) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{js: js, log: log, q: make(chan pubItem, QueueSize)}
+	p := &Publisher{js: js, log: log, q: make(chan pubItem, QueueSize), stop: make(chan struct{})}
 	p.subject = func(ev Event) string { return Subject(subjectToken(ev.Sandbox)) }
 	p.wg.Add(1)
 	go p.run()
 	return p, nil
+}
+
+// NewSpooledPublisher is NewPublisher with a write-ahead spool file at path (one publisher per
+// file): events are on disk before they are published, and the ones a previous publisher on the
+// same file never got acknowledged are published again first.
+func NewSpooledPublisher(nc *nats.Conn, log zerolog.Logger, path string) (*Publisher, error) {
+	sp, left, err := openSpool(path)
+	if err != nil {
+		return nil, err
+	}
+	p, err := NewPublisher(nc, log)
+	if err != nil {
+		sp.close()
+		return nil, err
+	}
+	p.spool = sp
+	if len(left) > 0 {
+		log.Info().Int("events", len(left)).Msg("audit: publishing events a previous run left unacknowledged")
+	}
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		for _, it := range left {
+			it.spooled = true
+			p.enqueue(it)
+		}
+	}()
+	go p.flushAcks()
+	return p, nil
+}
+
+// flushAcks writes buffered acknowledgements to the spool now and then.
+func (p *Publisher) flushAcks() {
+	defer p.wg.Done()
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			if err := p.spool.flush(); err != nil {
+				p.log.Warn().Err(err).Msg("audit spool")
+			}
+		}
+	}
+}
+
+func (p *Publisher) enqueue(it pubItem) {
+	defer func() { recover() }() // after Close: the event stays in the spool for the next run
+	p.q <- it
 }
 
 // subjectToken keeps a subject token free of separators and wildcards.
@@ -77,11 +131,41 @@ func (p *Publisher) Emit(_ context.Context, ev Event) {
 	p.q <- pubItem{subject: p.subject(ev), id: nuid.Next(), data: data}
 }
 
+// maxBatch bounds the events spooled with one write.
+const maxBatch = 512
+
 func (p *Publisher) run() {
 	defer p.wg.Done()
 	var inflight sync.WaitGroup
+	batch := make([]pubItem, 0, maxBatch)
 	for it := range p.q {
-		p.publish(it, &inflight)
+		batch = append(batch[:0], it)
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case it, ok := <-p.q:
+				if !ok {
+					break more
+				}
+				batch = append(batch, it)
+			default:
+				break more
+			}
+		}
+		if p.spool != nil {
+			var fresh []pubItem
+			for _, it := range batch {
+				if !it.spooled {
+					fresh = append(fresh, it)
+				}
+			}
+			if err := p.spool.append(fresh); err != nil {
+				p.log.Warn().Err(err).Msg("audit spool: events are in memory only until acknowledged")
+			}
+		}
+		for _, it := range batch {
+			p.publish(it, &inflight)
+		}
 	}
 	inflight.Wait()
 }
@@ -99,6 +183,9 @@ func (p *Publisher) publish(it pubItem, inflight *sync.WaitGroup) {
 			defer inflight.Done()
 			select {
 			case <-fut.Ok():
+				if p.spool != nil {
+					p.spool.ack(it.id)
+				}
 			case err := <-fut.Err():
 				it.tries++
 				if it.tries == 1 || it.tries%20 == 0 {
@@ -117,15 +204,22 @@ func (p *Publisher) backoff(it pubItem) {
 	time.Sleep(d)
 }
 
-// Close publishes what is queued and waits for the acks, or until ctx ends.
+// Close publishes what is queued and waits for the acks, or until ctx ends. With a spool, what
+// was not acknowledged by then stays in it for the next run.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.once.Do(func() { close(p.q) })
+	p.once.Do(func() { close(p.q); close(p.stop) })
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		if p.spool != nil {
+			return p.spool.close()
+		}
 		return nil
 	case <-ctx.Done():
+		if p.spool != nil {
+			p.spool.close() // what is unacknowledged stays in it for the next run
+		}
 		return ctx.Err()
 	}
 }

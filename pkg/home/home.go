@@ -73,6 +73,11 @@ func (d Dir) CA() string { return filepath.Join(string(d), "ca") }
 // Secrets holds the encrypted secret store and its key.
 func (d Dir) Secrets() string { return filepath.Join(string(d), "secrets") }
 
+// AuditSpool is a service's audit write-ahead file (audit.NewSpooledPublisher).
+func (d Dir) AuditSpool(service string) string {
+	return filepath.Join(string(d), "audit", service+".spool")
+}
+
 // Run holds pid and lock files of running nexus processes.
 func (d Dir) Run() string { return filepath.Join(string(d), "run") }
 

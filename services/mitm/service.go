@@ -53,7 +53,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.load()
-	pub, err := audit.NewPublisher(s.cfg.Bus, s.cfg.Log)
+	pub, err := audit.NewSpooledPublisher(s.cfg.Bus, s.cfg.Log, s.cfg.Home.AuditSpool("mitm"))
 	if err != nil {
 		return err
 	}

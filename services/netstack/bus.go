@@ -32,7 +32,7 @@ type BusConfig struct {
 // Serve runs the netstack on the bus: audit events go to JetStream, shimmed connections to
 // the mitm of this host (whose address it publishes under $NEXUS_HOME/run).
 func Serve(ctx context.Context, cfg BusConfig) error {
-	pub, err := audit.NewPublisher(cfg.Bus, cfg.Log)
+	pub, err := audit.NewSpooledPublisher(cfg.Bus, cfg.Log, cfg.Home.AuditSpool("netstack"))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,120 @@
+package audit_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/testutil"
+)
+
+// streamPorts lists the Port of every event in the audit stream.
+func streamPorts(t *testing.T, b *testutil.Bus) []int {
+	t.Helper()
+	var ports []int
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := audit.Tail(ctx, b.Connect(t, bus.UserAdmin), audit.TailOptions{}, func(ev audit.Event) error {
+		ports = append(ports, ev.Port)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Ints(ports)
+	return ports
+}
+
+// TestSpoolSurvivesACrash: events a publisher could not get acknowledged (here: its bus
+// connection is gone) are published by the next publisher on the same spool, each exactly once,
+// and what was acknowledged is not sent again.
+func TestSpoolSurvivesACrash(t *testing.T) {
+	b := testutil.NewBus(t)
+	path := filepath.Join(t.TempDir(), "audit", "netstack.spool")
+
+	// A first run: two events acknowledged, then the connection dies and three more are emitted.
+	nc := b.Connect(t, bus.UserNetstack)
+	p1, err := audit.NewSpooledPublisher(nc, zerolog.Nop(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 2; i++ {
+		p1.Emit(context.Background(), audit.Event{Sandbox: "sb-1", Layer: audit.LayerL4, Port: i})
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got := len(streamPorts(t, b)); got != 2 {
+			return errNot(got)
+		}
+		return nil
+	})
+	nc.Close()
+	for i := 3; i <= 5; i++ {
+		p1.Emit(context.Background(), audit.Event{Sandbox: "sb-1", Layer: audit.LayerL4, Port: i})
+	}
+	// The process dies here: p1 is never closed. Its spool lock goes with its file.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		b, _ := os.ReadFile(path)
+		if n := countLines(b); n < 5 {
+			return errNot(n)
+		}
+		return nil
+	})
+	if _, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop(), path); err == nil {
+		t.Fatal("a second publisher took a spool that is in use")
+	}
+	p1.ReleaseSpoolForTest()
+
+	p2, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		if got := len(streamPorts(t, b)); got != 5 {
+			return errNot(got)
+		}
+		return nil
+	})
+	if err := p2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := streamPorts(t, b); len(got) != 5 || got[0] != 1 || got[4] != 5 {
+		t.Fatalf("stream after the restart: ports %v, want 1..5 once each", got)
+	}
+	// Everything is acknowledged now: a third run publishes nothing again.
+	p3, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p3.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(b.Connect(t, bus.UserAdmin))
+	st, _ := js.Stream(ctx, bus.StreamAudit)
+	info, _ := st.Info(ctx)
+	if info.State.Msgs != 5 {
+		t.Fatalf("stream holds %d events after a clean restart, want 5", info.State.Msgs)
+	}
+}
+
+func errNot(n int) error { return fmt.Errorf("have %d", n) }
+
+func countLines(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c == '\n' {
+			n++
+		}
+	}
+	return n
+}
