@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -304,13 +305,23 @@ func (s *Stack) Connect(user string) (*nats.Conn, error) {
 	return bus.Connect(context.Background(), bus.ConnectConfig{Home: s.Home, User: user, URL: s.URL})
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+func freePort() (int, error) { return BusPort() }
+
+// BusPort picks a free port for a test's bus below Linux's ephemeral range (32768 and up): a bus
+// restarted on its port must find it free, and a port the kernel hands out for outgoing
+// connections can be taken meanwhile, even by a client connecting to itself (TCP self-connect)
+// while it retries the dead bus.
+func BusPort() (int, error) {
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("testutil: no free port below the ephemeral range")
 }
 
 // Main is the TestMain of an end-to-end package: it starts one stack (with extraEnv), points
