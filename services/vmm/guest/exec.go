@@ -204,6 +204,10 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader, std
 		case EventStderr:
 			w = stderr
 		case EventExit:
+			if ctx.Err() != nil && ev.Exit.Signal == int(syscall.SIGKILL) {
+				// Killed because the caller's deadline passed: that is the answer, not the 137.
+				return ev.Exit, fmt.Errorf("exec: %w", ctx.Err())
+			}
 			return ev.Exit, nil
 		}
 		if w != nil {
