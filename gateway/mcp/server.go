@@ -8,6 +8,7 @@
 package mcp
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -82,13 +83,14 @@ func New(cfg Config) (*Server, error) {
 // MCPServer is the underlying mcp-go server (for in-process clients).
 func (s *Server) MCPServer() *server.MCPServer { return s.mcp }
 
-// Serve speaks MCP over in/out (stdin/stdout for `nexus mcp`) until in ends or ctx is done,
-// then runs Close.
+// Serve speaks MCP over in/out (stdin/stdout for `nexus mcp`) until in ends (and every request
+// read has been answered) or ctx is done, then runs Close.
 func (s *Server) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 	defer s.Close()
 	std := server.NewStdioServer(s.mcp)
 	std.SetErrorLogger(log.New(zerologWriter{s.log}, "", 0))
-	err := std.Listen(ctx, in, out)
+	f := newInflight()
+	err := std.Listen(ctx, &drainReader{r: bufio.NewReader(in), f: f}, &answerWriter{w: out, f: f})
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
 		return nil
 	}
