@@ -176,7 +176,7 @@ type parser struct{ name string }
 
 // posError is an error at file:line.
 func (p *parser) errf(n *yaml.Node, format string, a ...any) error {
-	msg := oneLine(fmt.Sprintf(format, a...))
+	msg := errdefs.FirstLine(fmt.Sprintf(format, a...))
 	if n == nil || n.Line == 0 {
 		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("nexus config: %s: %s", p.name, msg))
 	}
@@ -185,7 +185,7 @@ func (p *parser) errf(n *yaml.Node, format string, a ...any) error {
 
 // yamlErr turns a yaml.v3 syntax error ("yaml: line 3: …") into file:line form.
 func (p *parser) yamlErr(err error) error {
-	msg := oneLine(err.Error())
+	msg := errdefs.FirstLine(err.Error())
 	msg = strings.TrimPrefix(msg, "yaml: ")
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if i := strings.Index(rest, ": "); i > 0 {
@@ -585,13 +585,6 @@ func (c *Config) Hosts() []string {
 		}
 	}
 	return out
-}
-
-func oneLine(s string) string {
-	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
-		s = s[:i]
-	}
-	return s
 }
 
 func clip(s string) string {

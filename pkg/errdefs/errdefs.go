@@ -8,6 +8,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 var (
@@ -85,4 +86,14 @@ func FromCode(code, msg string) error {
 		class = ErrUnavailable
 	}
 	return New(class, msg)
+}
+
+// FirstLine is s cut to its first line, trimmed, as valid UTF-8: how an untrusted or multi-line
+// message (a tool's stderr, a parser's error) is shown in a one-line error.
+func FirstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		s = s[:i]
+	}
+	return strings.ToValidUTF8(s, "?")
 }

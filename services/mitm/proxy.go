@@ -425,14 +425,6 @@ func safeHost(s string) string {
 	return string(b)
 }
 
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
-		s = s[:i]
-	}
-	return s
-}
-
 func atoiPort(s string) int {
 	n := 0
 	for _, c := range s {

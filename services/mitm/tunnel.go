@@ -201,7 +201,7 @@ func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
 			if rule == "" {
 				rule = "http_policy"
 			}
-			reason := oneLine(v.Reason)
+			reason := errdefs.FirstLine(v.Reason)
 			if reason == "" {
 				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, sess.host)
 			}

@@ -223,7 +223,7 @@ func (s *Service) unmountForSnapshot(ctx context.Context, m *machine, spec qemu.
 		out.max = 4 << 10
 		st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"umount", g}}, nil, &out, &out, nil)
 		if err == nil && st.Code != 0 {
-			err = errors.New(oneLine(out.String()))
+			err = errors.New(errdefs.FirstLine(out.String()))
 		}
 		if err != nil {
 			if rerr := s.remount(context.WithoutCancel(ctx), m.agent, spec, done); rerr != nil {
@@ -246,14 +246,6 @@ func (s *Service) remount(ctx context.Context, agent *guest.Client, spec qemu.VM
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
-		s = s[:i]
-	}
-	return strings.ToValidUTF8(s, "?")
 }
 
 // mountRefusal names the host→guest pairs of the sandbox's 9p mounts idx.
