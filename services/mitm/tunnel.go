@@ -263,16 +263,9 @@ func (t *tunnel) refuseUnread(status int, rule, reason string) {
 
 // writeLine answers with a short text/plain body whose one line is also X-Nexus-Deny.
 func (t *tunnel) writeLine(status int, line string, closeAfter bool) {
-	body := line + "\n"
-	h := http.Header{}
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set(DenyHeader, line)
-	if closeAfter {
-		h.Set("Connection", "close")
-	}
-	t.writeHead(status, h)
-	t.bw.WriteString(body)
+	resp := textResponse(nil, status, line)
+	resp.Close = closeAfter // Response.Write says Connection: close
+	resp.Write(t.bw)
 	t.bw.Flush()
 }
 
