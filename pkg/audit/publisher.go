@@ -98,8 +98,10 @@ func (p *Publisher) flushAcks() {
 	}
 }
 
+// enqueue hands it to the worker. After Close there is none: a new event is dropped, a spooled
+// one stays in the spool for the next run.
 func (p *Publisher) enqueue(it pubItem) {
-	defer func() { recover() }() // after Close: the event stays in the spool for the next run
+	defer func() { recover() }()
 	p.q <- it
 }
 
@@ -127,8 +129,7 @@ func (p *Publisher) Emit(_ context.Context, ev Event) {
 	if err != nil {
 		return
 	}
-	defer func() { recover() }() // Emit after Close: the event has nowhere to go
-	p.q <- pubItem{subject: p.subject(ev), id: nuid.Next(), data: data}
+	p.enqueue(pubItem{subject: p.subject(ev), id: nuid.Next(), data: data})
 }
 
 // maxBatch bounds the events spooled with one write.

@@ -219,9 +219,8 @@ func (s *Service) unmountForSnapshot(ctx context.Context, m *machine, spec qemu.
 	var done []int
 	for _, i := range idx {
 		g := spec.Mounts[i].Guest
-		var out capped
-		out.max = 4 << 10
-		st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"umount", g}}, nil, &out, &out, nil)
+		out := &capped{max: 4 << 10}
+		st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"umount", g}}, nil, out, out, nil)
 		if err == nil && st.Code != 0 {
 			err = errors.New(errdefs.FirstLine(out.String()))
 		}
