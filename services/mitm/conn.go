@@ -33,9 +33,11 @@ func (l *trackedListener) Accept() (net.Conn, error) {
 	return ic, nil
 }
 
-// idleConn is a guest connection. Once hijacked for a tunnel, every read first pushes the read
+// idleConn is a guest connection. Once hijacked for a tunnel, a read first pushes the read
 // deadline IdleTimeout into the future, unless a deadline set explicitly (a handshake or request
-// header timeout) comes sooner.
+// header timeout) comes sooner. Without an explicit deadline the push is skipped while the last
+// one is recent (within IdleTimeout/idleSlack): a tunnel is closed after between
+// IdleTimeout×(1-1/idleSlack) and IdleTimeout of silence, for one timer update per many requests.
 type idleConn struct {
 	net.Conn
 	idle     time.Duration
@@ -43,15 +45,25 @@ type idleConn struct {
 	armed    atomic.Bool
 	closed   sync.Once
 	deadline atomic.Int64 // explicit read deadline, unix nanoseconds; 0: none
+	pushed   atomic.Int64 // when the idle deadline was last pushed, unix nanoseconds; 0: not in force
 }
+
+const idleSlack = 16
 
 func (c *idleConn) Read(b []byte) (int, error) {
 	if c.armed.Load() {
-		d := time.Now().Add(c.idle)
-		if ex := c.deadline.Load(); ex != 0 && ex < d.UnixNano() {
-			d = time.Unix(0, ex)
+		now := time.Now()
+		ex := c.deadline.Load()
+		if ex != 0 || now.UnixNano()-c.pushed.Load() > int64(c.idle/idleSlack) {
+			d := now.Add(c.idle)
+			if ex != 0 && ex < d.UnixNano() {
+				d = time.Unix(0, ex)
+			}
+			c.Conn.SetReadDeadline(d)
+			if ex == 0 {
+				c.pushed.Store(now.UnixNano())
+			}
 		}
-		c.Conn.SetReadDeadline(d)
 	}
 	return c.Conn.Read(b)
 }
@@ -66,7 +78,9 @@ func (c *idleConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetDeadline(t)
 }
 
+// storeDeadline records an explicit deadline; the idle deadline is no longer in force.
 func (c *idleConn) storeDeadline(t time.Time) {
+	c.pushed.Store(0)
 	if t.IsZero() {
 		c.deadline.Store(0)
 		return

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,11 +20,10 @@ import (
 // body has been relayed (at once for a protocol switch, whose spliced bytes are not counted). It
 // reports whether the tunnel goes on.
 func (p *Proxy) forward(t *tunnel, req *http.Request, rs *reqState) bool {
-	out, err := outbound(req, rs.sess)
-	if err != nil {
+	if err := outbound(req); err != nil {
 		return t.refuse(req, rs, &verdict{http.StatusBadRequest, RuleBadRequest, "nexus: refused: " + err.Error()})
 	}
-	resp, err := p.exchange(p.ctx, rs.sess, out)
+	resp, err := p.exchange(p.ctx, rs.sess, req)
 	if err != nil {
 		p.upstreamFailed(t, rs, err)
 		return false
@@ -37,41 +35,31 @@ func (p *Proxy) forward(t *tunnel, req *http.Request, rs *reqState) bool {
 	return p.relay(t, req, rs, resp)
 }
 
-// outbound is the request as the host receives it: sent to the tunnel's own host whatever the
-// request line says, without the headers of the guest's hop, and otherwise as the guest wrote it
-// (its query, its forwarding headers; no User-Agent or Accept-Encoding of ours).
-func outbound(req *http.Request, sess *session) (*http.Request, error) {
-	up := upgradeType(req.Header)
-	if !printable(up) {
-		return nil, fmt.Errorf("invalid Upgrade protocol")
-	}
-	trailers := strings.Contains(strings.ToLower(strings.Join(req.Header["Te"], ",")), "trailers")
-	out := new(http.Request)
-	*out = *req
-	// The guest's request is not used after this: its header map is reused, not copied.
+// outbound makes req the request as the host receives it: without the headers of the guest's
+// hop and otherwise as the guest wrote it (its target, its query, its forwarding headers; no
+// User-Agent or Accept-Encoding of ours). It is sent to the tunnel's own host whatever the
+// request line says. The guest's header map is changed in place: nothing else reads it after.
+func outbound(req *http.Request) error {
 	h := req.Header
+	up := upgradeType(h)
+	if !printable(up) {
+		return fmt.Errorf("invalid Upgrade protocol")
+	}
+	trailers := false
+	for _, v := range h["Te"] {
+		trailers = trailers || strings.Contains(strings.ToLower(v), "trailers")
+	}
 	removeHopHeaders(h)
 	if trailers {
-		h.Set("Te", "trailers")
+		h["Te"] = []string{"trailers"}
 	}
 	if up != "" {
-		h.Set("Connection", "Upgrade")
-		h.Set("Upgrade", up)
+		h["Connection"] = []string{"Upgrade"}
+		h["Upgrade"] = []string{up}
 	}
 	// The guest's 100-continue is answered when its body is first read.
-	h.Del("Expect")
-	if _, ok := h["User-Agent"]; !ok {
-		h["User-Agent"] = []string{""}
-	}
-	u := *req.URL
-	u.Scheme, u.Host = sess.scheme, sess.addr
-	out.URL = &u
-	out.RequestURI = ""
-	out.Close = false
-	if req.ContentLength == 0 {
-		out.Body = nil
-	}
-	return out, nil
+	delete(h, "Expect")
+	return nil
 }
 
 // exchange sends out on the tunnel's upstream connection, dialling it first when there is none
@@ -95,7 +83,7 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, out *http.Request) 
 				return nil, context.Cause(ctx)
 			}
 		}
-		resp, err := up.roundTrip(out)
+		resp, err := up.roundTrip(out, sess.addr)
 		if err == nil {
 			return resp, nil
 		}
@@ -118,28 +106,23 @@ func (p *Proxy) relay(t *tunnel, req *http.Request, rs *reqState, resp *http.Res
 	h := resp.Header
 	removeHopHeaders(h)
 	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
-	chunked, closeAfter := false, false
+	f := noFraming
 	switch {
 	case noBody:
 	case resp.ContentLength >= 0:
-		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+		f.length = resp.ContentLength
 	case req.ProtoAtLeast(1, 1):
-		chunked = true
-		h.Set("Transfer-Encoding", "chunked")
-		for k := range resp.Trailer {
-			h.Add("Trailer", k)
-		}
+		f.chunked, f.trailer = true, resp.Trailer
 	default: // an HTTP/1.0 guest: the end of the body is the end of the connection
-		closeAfter = true
-		h.Set("Connection", "close")
+		f.close = true
 	}
-	t.writeHead(resp.StatusCode, h)
+	t.writeHead(resp.StatusCode, h, f)
 	var n int64
 	var err error
 	switch {
 	case noBody:
 		err = t.bw.Flush()
-	case chunked:
+	case f.chunked:
 		n, err = copyChunked(t.bw, resp.Body, resp.Trailer)
 	default:
 		buf := copyBufferPool.Get().(*[]byte)
@@ -156,7 +139,7 @@ func (p *Proxy) relay(t *tunnel, req *http.Request, rs *reqState, resp *http.Res
 		up.used = time.Now()
 	}
 	p.emitRequest(rs, resp.StatusCode, n, audit.Allow, rs.allowRule(), "")
-	return err == nil && !closeAfter
+	return err == nil && !f.close
 }
 
 // copyChunked sends body as chunks, each flushed to the guest as it arrives, then the trailers.
@@ -202,7 +185,7 @@ func copyChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) (int64, 
 func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *http.Response) {
 	up := rs.sess.up.Swap(nil) // the upgraded connection belongs to the splice now
 	p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, rs.allowRule(), "")
-	t.writeHead(resp.StatusCode, resp.Header)
+	t.writeHead(resp.StatusCode, resp.Header, noFraming)
 	if err := t.bw.Flush(); err != nil {
 		up.close()
 		return

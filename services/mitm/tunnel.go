@@ -2,6 +2,7 @@ package mitm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -119,16 +119,22 @@ func (p *Proxy) serveTunnel(conn net.Conn, sess *session) {
 
 // serveOne serves one request; false ends the tunnel.
 func (t *tunnel) serveOne() bool {
-	t.conn.SetReadDeadline(time.Now().Add(t.p.cfg.IdleTimeout))
+	// The guest connection's own idle deadline bounds this wait (idleConn).
 	if _, err := t.br.Peek(1); err != nil {
 		return false // closed, or idle too long
 	}
-	t.conn.SetReadDeadline(time.Now().Add(requestHeaderTimeout))
+	// A head that arrived whole is parsed from the buffer; one still coming must come in time.
+	deadline := !headBuffered(t.br)
+	if deadline {
+		t.conn.SetReadDeadline(time.Now().Add(requestHeaderTimeout))
+	}
 	// The reader may fill its buffer past the head: allow for that on top of the limit.
 	t.lim.arm(MaxRequestHeaderBytes + int64(t.br.Size()) - int64(t.br.Buffered()))
 	req, err := http.ReadRequest(t.br)
 	t.lim.disarm()
-	t.conn.SetReadDeadline(time.Time{})
+	if deadline {
+		t.conn.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		switch {
 		case t.lim.exceeded:
@@ -164,6 +170,13 @@ func (t *tunnel) serveOne() bool {
 		}
 	}
 	return true
+}
+
+// headBuffered reports whether the buffer holds a whole request head (up to its empty line;
+// net/http also takes bare LF line ends).
+func headBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, []byte("\n\r\n")) || bytes.Contains(b, []byte("\n\n"))
 }
 
 // verdict is a refusal: the status, the audit rule and the one-line reason.
@@ -228,8 +241,13 @@ func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
 			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
 				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host)}
 		}
+		if !validFieldValue(secret) {
+			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Msg("credential holds a control character (a line break?): not sent")
+			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
+				"nexus: the credential for %s is not a valid header value (set it again without line breaks: `nexus secret set`)", sess.host)}
+		}
 		if use.bearer != "" {
-			req.Header.Set("Authorization", "Bearer "+secret)
+			req.Header["Authorization"] = []string{"Bearer " + secret}
 		} else {
 			req.SetBasicAuth(use.basicUser, secret)
 		}
@@ -269,16 +287,40 @@ func (t *tunnel) writeLine(status int, line string, closeAfter bool) {
 	t.bw.Flush()
 }
 
-// writeHead writes a response's status line and headers (buffered).
-func (t *tunnel) writeHead(status int, h http.Header) {
-	text := http.StatusText(status)
-	if text == "" {
-		text = "status " + strconv.Itoa(status)
+// writeHead writes a response's status line, its headers and the framing the relay chose,
+// buffered.
+func (t *tunnel) writeHead(status int, h http.Header, f framing) {
+	writeStatusLine(t.bw, status)
+	writeFields(t.bw, h, false)
+	switch {
+	case f.length >= 0:
+		writeLength(t.bw, f.length)
+	case f.chunked:
+		t.bw.WriteString("Transfer-Encoding: chunked\r\n")
+		for k := range f.trailer {
+			writeField(t.bw, "Trailer", k)
+		}
+	case f.close:
+		t.bw.WriteString("Connection: close\r\n")
+	default: // no body (HEAD, 204, 304, 101): the host's own length, if it gave one
+		for _, v := range h["Content-Length"] {
+			writeField(t.bw, "Content-Length", v)
+		}
 	}
-	fmt.Fprintf(t.bw, "HTTP/1.1 %03d %s\r\n", status, text)
-	h.Write(t.bw)
 	t.bw.WriteString("\r\n")
 }
+
+// framing is how a relayed body is delimited for the guest: by its length (>= 0), chunked, or
+// by closing the connection; none of these for an answer without a body.
+type framing struct {
+	length  int64
+	chunked bool
+	trailer http.Header
+	close   bool
+}
+
+// noFraming is the framing of an answer without a body.
+var noFraming = framing{length: -1}
 
 // continueBody sends the guest the 100 Continue its request waits for when the body is first
 // read (it is never read for a refused request, whose answer then closes the connection).

@@ -107,8 +107,8 @@ var errStale = errors.New("mitm: kept upstream connection was closed by the host
 
 // roundTrip writes out (streaming its body) and reads the answer's head, skipping informational
 // answers other than 101. Closing the connection (the request's context ending) unblocks it.
-func (u *upstreamConn) roundTrip(out *http.Request) (*http.Response, error) {
-	if err := out.Write(u.bw); err != nil {
+func (u *upstreamConn) roundTrip(out *http.Request, host string) (*http.Response, error) {
+	if err := writeRequest(u.bw, out, host); err != nil {
 		return nil, err
 	}
 	if err := u.bw.Flush(); err != nil {
@@ -177,14 +177,14 @@ var hopHeaders = []string{
 // removeHopHeaders deletes the hop-by-hop headers, including those the Connection header names.
 func removeHopHeaders(h http.Header) {
 	for _, v := range h["Connection"] {
-		for _, f := range strings.Split(v, ",") {
+		for f := range strings.SplitSeq(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
 				h.Del(f)
 			}
 		}
 	}
 	for _, k := range hopHeaders {
-		h.Del(k)
+		delete(h, k) // hopHeaders are in canonical form
 	}
 }
 
