@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,53 +18,28 @@ import (
 // streamed both ways, trailers kept, a 101 spliced. The audit event is emitted once the answer's
 // body has been relayed (at once for a protocol switch, whose spliced bytes are not counted). It
 // reports whether the tunnel goes on.
-func (p *Proxy) forward(t *tunnel, req *http.Request, rs *reqState) bool {
-	if err := outbound(req); err != nil {
-		return t.refuse(req, rs, &verdict{http.StatusBadRequest, RuleBadRequest, "nexus: refused: " + err.Error()})
-	}
-	resp, err := p.exchange(p.ctx, rs.sess, req)
-	if err != nil {
+func (p *Proxy) forward(t *tunnel, req *request, rs *reqState) bool {
+	resp := &t.resp
+	if err := p.exchange(p.ctx, rs.sess, req, resp); err != nil {
+		if errors.Is(err, errTrailerLeak) {
+			t.refuse(req, rs, leakVerdict(rs.sess.host))
+			return false
+		}
 		p.upstreamFailed(t, rs, err)
 		return false
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
+	if resp.status == http.StatusSwitchingProtocols {
 		p.switchProtocols(t, rs, resp)
 		return false
 	}
 	return p.relay(t, req, rs, resp)
 }
 
-// outbound makes req the request as the host receives it: without the headers of the guest's
-// hop and otherwise as the guest wrote it (its target, its query, its forwarding headers; no
-// User-Agent or Accept-Encoding of ours). It is sent to the tunnel's own host whatever the
-// request line says. The guest's header map is changed in place: nothing else reads it after.
-func outbound(req *http.Request) error {
-	h := req.Header
-	up := upgradeType(h)
-	if !printable(up) {
-		return fmt.Errorf("invalid Upgrade protocol")
-	}
-	trailers := false
-	for _, v := range h["Te"] {
-		trailers = trailers || strings.Contains(strings.ToLower(v), "trailers")
-	}
-	removeHopHeaders(h)
-	if trailers {
-		h["Te"] = []string{"trailers"}
-	}
-	if up != "" {
-		h["Connection"] = []string{"Upgrade"}
-		h["Upgrade"] = []string{up}
-	}
-	// The guest's 100-continue is answered when its body is first read.
-	delete(h, "Expect")
-	return nil
-}
-
-// exchange sends out on the tunnel's upstream connection, dialling it first when there is none
-// (or the kept one was closed by the host). A kept connection found closed before any answer is
-// replaced once for a request that can safely be sent again.
-func (p *Proxy) exchange(ctx context.Context, sess *session, out *http.Request) (*http.Response, error) {
+// exchange sends req on the tunnel's upstream connection, dialling it first when there is none
+// (or the kept one was closed by the host), and reads the answer's head into resp. A kept
+// connection found closed before any answer is replaced once for a request that can safely be
+// sent again.
+func (p *Proxy) exchange(ctx context.Context, sess *session, req *request, resp *response) error {
 	if up := sess.up.Load(); up != nil && up.closedByHost() {
 		sess.dropUpstream()
 	}
@@ -75,24 +49,24 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, out *http.Request) 
 		if !reused {
 			var err error
 			if up, err = p.dialer.dial(ctx, sess); err != nil {
-				return nil, err
+				return err
 			}
 			sess.up.Store(up)
 			if ctx.Err() != nil { // the guest left while the connection was being made
 				sess.dropUpstream()
-				return nil, context.Cause(ctx)
+				return context.Cause(ctx)
 			}
 		}
-		resp, err := up.roundTrip(out, sess.addr)
+		err := up.roundTrip(req, resp, sess)
 		if err == nil {
-			return resp, nil
+			return nil
 		}
 		sess.dropUpstream()
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
-		if !reused || attempt > 0 || !errors.Is(err, errStale) || !replayable(out) {
-			return nil, err
+		if !reused || attempt > 0 || !errors.Is(err, errStale) || !replayable(req) {
+			return err
 		}
 	}
 }
@@ -101,49 +75,50 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, out *http.Request) 
 // events) is sent chunked and flushed as it arrives; one that breaks off breaks off the guest's
 // connection too, so a cut answer is never taken for a whole one. It reports whether the tunnel
 // goes on.
-func (p *Proxy) relay(t *tunnel, req *http.Request, rs *reqState, resp *http.Response) bool {
+func (p *Proxy) relay(t *tunnel, req *request, rs *reqState, resp *response) bool {
 	sess := rs.sess
-	h := resp.Header
-	removeHopHeaders(h)
-	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
 	f := noFraming
 	switch {
-	case noBody:
-	case resp.ContentLength >= 0:
-		f.length = resp.ContentLength
-	case req.ProtoAtLeast(1, 1):
-		f.chunked, f.trailer = true, resp.Trailer
+	case resp.noBody:
+	case resp.frame.length >= 0:
+		f.length = resp.frame.length
+	case req.minor >= 1:
+		f.chunked = true
 	default: // an HTTP/1.0 guest: the end of the body is the end of the connection
 		f.close = true
 	}
-	t.writeHead(resp.StatusCode, h, f)
+	writeResponseHead(t.bw, resp, f)
 	var n int64
 	var err error
 	switch {
-	case noBody:
+	case resp.body == nil:
 		err = t.bw.Flush()
 	case f.chunked:
-		n, err = copyChunked(t.bw, resp.Body, resp.Trailer)
+		var trailer *head
+		if resp.chunk != nil {
+			trailer = &resp.chunk.trailer
+		}
+		n, err = copyChunked(t.bw, resp.body, trailer)
 	default:
 		buf := copyBufferPool.Get().(*[]byte)
-		n, err = io.CopyBuffer(t.bw, onlyReader{resp.Body}, *buf)
+		n, err = io.CopyBuffer(t.bw, onlyReader{resp.body}, *buf)
 		copyBufferPool.Put(buf)
 		if err == nil {
 			err = t.bw.Flush()
 		}
 	}
-	resp.Body.Close()
-	if err != nil || resp.Close {
+	if err != nil || resp.close {
 		sess.dropUpstream()
 	} else if up := sess.up.Load(); up != nil {
 		up.used = time.Now()
 	}
-	p.emitRequest(rs, resp.StatusCode, n, audit.Allow, rs.allowRule(), "")
+	p.emitRequest(rs, resp.status, n, audit.Allow, rs.allowRule(), "")
 	return err == nil && !f.close
 }
 
-// copyChunked sends body as chunks, each flushed to the guest as it arrives, then the trailers.
-func copyChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) (int64, error) {
+// copyChunked sends body as chunks, each flushed to the peer as it arrives, then the trailer
+// fields (read once the body has ended; nil for none).
+func copyChunked(bw *bufio.Writer, body io.Reader, trailer *head) (int64, error) {
 	buf := copyBufferPool.Get().(*[]byte)
 	defer copyBufferPool.Put(buf)
 	cw := httputil.NewChunkedWriter(bw)
@@ -169,10 +144,10 @@ func copyChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) (int64, 
 	if err := cw.Close(); err != nil {
 		return n, err
 	}
-	for k, vv := range trailer {
-		for _, v := range vv {
-			if v != "" {
-				fmt.Fprintf(bw, "%s: %s\r\n", k, v)
+	if trailer != nil {
+		for _, f := range trailer.fields {
+			if len(f.value) > 0 {
+				writeFieldBytes(bw, f.name, f.value)
 			}
 		}
 	}
@@ -182,10 +157,10 @@ func copyChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) (int64, 
 
 // switchProtocols relays a 101 and splices the guest's connection to the upstream one until
 // either side closes.
-func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *http.Response) {
+func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *response) {
 	up := rs.sess.up.Swap(nil) // the upgraded connection belongs to the splice now
-	p.emitRequest(rs, resp.StatusCode, 0, audit.Allow, rs.allowRule(), "")
-	t.writeHead(resp.StatusCode, resp.Header, noFraming)
+	p.emitRequest(rs, resp.status, 0, audit.Allow, rs.allowRule(), "")
+	writeSwitchHead(t.bw, resp)
 	if err := t.bw.Flush(); err != nil {
 		up.close()
 		return

@@ -1,7 +1,6 @@
 package mitm
 
 import (
-	"net/http"
 	"strings"
 	"testing"
 )
@@ -57,14 +56,20 @@ func FuzzEachHex64(f *testing.F) {
 }
 
 func FuzzRequestHost(f *testing.F) {
-	f.Add("api.example.com", "443")
-	f.Add("api.example.com:8443", "443")
-	f.Add("[::1]:443", "443")
-	f.Fuzz(func(t *testing.T, host, port string) {
-		r := &http.Request{Host: host}
-		h, ok := requestHost(r, port)
+	f.Add("api.example.com", "", "443")
+	f.Add("api.example.com:8443", "api.example.com", "443")
+	f.Add("[::1]:443", "", "443")
+	f.Fuzz(func(t *testing.T, host, urlHost, port string) {
+		h, ok := requestHost(host, urlHost, port)
 		if ok && h == "" {
 			t.Fatal("ok with empty host")
+		}
+		if ok && host != "" && urlHost != "" {
+			a, _ := requestHost(host, "", port)
+			b, _ := requestHost("", urlHost, port)
+			if a != b {
+				t.Fatalf("Host %q and URL host %q disagree but were taken", host, urlHost)
+			}
 		}
 	})
 }

@@ -2,7 +2,7 @@ package mitm
 
 import (
 	"encoding/base64"
-	"net/http"
+	"errors"
 	"strings"
 )
 
@@ -14,7 +14,7 @@ func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' ||
 // eachHex64 calls fn for every run of exactly 64 hex digits in s (bounded by non-hex bytes or
 // the ends of s) until fn returns false. Placeholders are such runs; scanning for them is cheap
 // because most header values are short or not hex.
-func eachHex64(s string, fn func(tok string) bool) {
+func eachHex64[T ~string | ~[]byte](s T, fn func(tok T) bool) {
 	if len(s) < placeholderLen {
 		return
 	}
@@ -48,75 +48,92 @@ type placeholderUse struct {
 	found bool
 }
 
-// scanPlaceholders looks for this sandbox's placeholders in every header (names and values) and
-// the URL of r. Only placeholders in candidate positions are hashed, so the cost for ordinary
+// scanPlaceholders looks for this sandbox's placeholders in every field (names and values) and
+// the target of r. Only placeholders in candidate positions are hashed, so the cost for ordinary
 // traffic is one byte scan.
-func scanPlaceholders(sb *Sandbox, r *http.Request, host string) placeholderUse {
+func scanPlaceholders(sb *Sandbox, r *request, host string) placeholderUse {
 	var u placeholderUse
-	check := func(s string) {
-		eachHex64(s, func(tok string) bool {
-			hosts, ok := sb.placeholder(tok)
-			if !ok {
-				return true
-			}
-			u.found = true
-			if !hosts.Match(host) {
-				u.leak = true
-				return false
-			}
-			return true
-		})
-	}
 	if len(sb.creds) == 0 {
 		return u
 	}
-	for k, vs := range r.Header {
-		check(k)
-		for _, v := range vs {
-			check(v)
+	// bound notes a placeholder of this sandbox; false (stop) once one is bound elsewhere.
+	bound := func(hosts HostSet, ok bool) bool {
+		if !ok {
+			return true
 		}
+		u.found = true
+		if !hosts.Match(host) {
+			u.leak = true
+			return false
+		}
+		return true
+	}
+	checkBytes := func(b []byte) {
+		eachHex64(b, func(tok []byte) bool { return bound(sb.placeholderBytes(tok)) })
+	}
+	check := func(s string) {
+		eachHex64(s, func(tok string) bool { return bound(sb.placeholder(tok)) })
+	}
+	var auth, bearer []byte
+	for _, f := range r.fields {
+		checkBytes(f.name)
+		if auth == nil && f.is("Authorization") {
+			auth = f.value
+			// The common case, "Bearer <placeholder>", is looked up once.
+			if tok, ok := bearerPlaceholder(f.value); ok {
+				hosts, found := sb.placeholderBytes(tok)
+				if !bound(hosts, found) {
+					return u
+				}
+				if found {
+					bearer = tok
+				}
+				continue
+			}
+		}
+		checkBytes(f.value)
 		if u.leak {
 			return u
 		}
-	}
-	for _, vs := range r.Trailer {
-		for _, v := range vs {
-			check(v)
-		}
-	}
-	if r.URL != nil {
-		check(r.URL.Path)
-		check(r.URL.RawPath)
-		check(r.URL.RawQuery)
-		check(r.URL.Fragment)
-		if r.URL.User != nil {
-			check(r.URL.User.String())
-		}
-	}
-	check(r.RequestURI)
-	// Basic credentials hide a placeholder in base64 (git sends the token as a password).
-	for _, k := range []string{"Authorization", "Proxy-Authorization"} {
-		for _, v := range r.Header.Values(k) {
-			if user, pass, ok := basicAuth(v); ok {
+		// Basic credentials hide a placeholder in base64 (git sends the token as a password).
+		if f.is("Authorization") || f.is("Proxy-Authorization") {
+			if user, pass, ok := basicAuth(string(f.value)); ok {
 				check(user)
 				check(pass)
 			}
 		}
 	}
-	if u.leak {
+	check(r.target)
+	check(r.url.Path)
+	if u.leak || auth == nil {
 		return u
 	}
-	auth := r.Header.Get("Authorization")
-	if tok, ok := bearerToken(auth); ok && len(tok) == placeholderLen {
-		if hosts, ok := sb.placeholder(tok); ok && hosts.Match(host) {
-			u.bearer = tok
-		}
-	} else if user, pass, ok := basicAuth(auth); ok && len(pass) == placeholderLen {
+	if bearer != nil {
+		u.bearer = string(bearer)
+	} else if user, pass, ok := basicAuth(string(auth)); ok && len(pass) == placeholderLen {
 		if hosts, ok := sb.placeholder(pass); ok && hosts.Match(host) {
 			u.basicUser, u.basicPass = user, pass
 		}
 	}
 	return u
+}
+
+// errTrailerLeak stops a request whose trailer fields carry a placeholder bound elsewhere.
+var errTrailerLeak = errors.New("mitm: placeholder in a request trailer")
+
+// trailerLeaks reports whether trailer fields carry a placeholder of sb not bound to host.
+func trailerLeaks(sb *Sandbox, tr *head, host string) bool {
+	leak := false
+	for _, f := range tr.fields {
+		for _, b := range [2][]byte{f.name, f.value} {
+			eachHex64(b, func(tok []byte) bool {
+				hosts, ok := sb.placeholderBytes(tok)
+				leak = leak || ok && !hosts.Match(host)
+				return !leak
+			})
+		}
+	}
+	return leak
 }
 
 // basicAuth decodes "Basic base64(user:pass)".
@@ -136,14 +153,22 @@ func basicAuth(h string) (user, pass string, ok bool) {
 	return user, pass, true
 }
 
-// bearerToken extracts the token of "Bearer <token>" (scheme case-insensitive).
-func bearerToken(h string) (string, bool) {
-	scheme, tok, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "bearer") {
-		return "", false
+// bearerPlaceholder extracts the token of "Bearer <64 hex digits>" (scheme in any case, spaces
+// around the token allowed): the shape of a placeholder in an Authorization value.
+func bearerPlaceholder(v []byte) ([]byte, bool) {
+	if len(v) < 7 || !asciiEqualFold(v[:7], "bearer ") {
+		return nil, false
 	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
+	tok := trimSpace(v[7:])
+	if len(tok) != placeholderLen {
+		return nil, false
+	}
+	for _, c := range tok {
+		if !isHex(c) {
+			return nil, false
+		}
+	}
+	return tok, true
 }
 
 // redactPlaceholders replaces this sandbox's placeholders in s (for audit paths).

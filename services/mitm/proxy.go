@@ -331,13 +331,13 @@ func (p *Proxy) tlsConfig(sess *session) *tls.Config {
 // sandbox's cache when it was released within ResolveCacheTTL, else from the Resolver. Refusals
 // and failures are never cached.
 func (p *Proxy) resolve(ctx context.Context, sb *Sandbox, host, placeholder string) (string, error) {
-	key := host + "\x00" + placeholder
+	key := releaseKey{host, placeholder}
 	now := time.Now()
-	if v, ok := sb.released.Load(key); ok {
-		if r := v.(releasedSecret); now.Before(r.expires) {
-			return r.value, nil
-		}
-		sb.released.Delete(key)
+	sb.releasedMu.RLock()
+	r, ok := sb.released[key]
+	sb.releasedMu.RUnlock()
+	if ok && now.Before(r.expires) {
+		return r.value, nil
 	}
 	if p.cfg.Resolver == nil {
 		return "", errdefs.Unavailable("no credential resolver")
@@ -345,11 +345,24 @@ func (p *Proxy) resolve(ctx context.Context, sb *Sandbox, host, placeholder stri
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ResolveTimeout)
 	defer cancel()
 	value, err := p.cfg.Resolver.Resolve(ctx, sb.ID, host, placeholder)
+	sb.releasedMu.Lock()
+	defer sb.releasedMu.Unlock()
 	if err != nil {
+		delete(sb.released, key)
 		return "", err
 	}
 	if p.cfg.ResolveCacheTTL > 0 {
-		sb.released.Store(key, releasedSecret{value: value, expires: now.Add(p.cfg.ResolveCacheTTL)})
+		if sb.released == nil {
+			sb.released = map[releaseKey]releasedSecret{}
+		}
+		// Expired entries go when the next credential is released: the map stays as small as the
+		// sandbox's (host, placeholder) pairs.
+		for k, v := range sb.released {
+			if !now.Before(v.expires) {
+				delete(sb.released, k)
+			}
+		}
+		sb.released[key] = releasedSecret{value: value, expires: now.Add(p.cfg.ResolveCacheTTL)}
 	}
 	return value, nil
 }
@@ -357,7 +370,7 @@ func (p *Proxy) resolve(ctx context.Context, sb *Sandbox, host, placeholder stri
 func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision, rule, reason string) {
 	n := respBytes
 	if rs.reqBody != nil {
-		n += rs.reqBody.n.Load()
+		n += rs.reqBody.n
 	}
 	p.emit(audit.Event{
 		Sandbox: rs.sess.sb.ID, Layer: audit.LayerHTTP, Host: rs.sess.host, Port: atoiPort(rs.sess.port),
@@ -371,16 +384,12 @@ func (p *Proxy) emit(ev audit.Event) {
 	p.audit.emit(ev)
 }
 
-// requestHost is the host a request names: its Host header (the absolute URL's host, when the
-// request line carries one, is what net/http puts there). Ports other than the tunnel's are a
-// mismatch too.
-func requestHost(req *http.Request, tunnelPort string) (string, bool) {
-	hosts := []string{req.Host}
-	if req.URL != nil && req.URL.Host != "" {
-		hosts = append(hosts, req.URL.Host)
-	}
+// requestHost is the host a request names: its Host field and, when the request line carries an
+// absolute URL, that URL's host; both must agree. Ports other than the tunnel's are a mismatch
+// too.
+func requestHost(hostField, urlHost, tunnelPort string) (string, bool) {
 	var out string
-	for _, hp := range hosts {
+	for _, hp := range [2]string{urlHost, hostField} {
 		if hp == "" {
 			continue
 		}
@@ -469,28 +478,16 @@ func textResponse(req *http.Request, status int, line string) *http.Response {
 	}
 }
 
-// countingBody counts bytes read through it and reports the total once, on Close.
+// countingBody counts the bytes of a request body read through it.
 type countingBody struct {
-	io.ReadCloser
-	n       atomic.Int64
-	once    sync.Once
-	onClose func(int64)
+	r io.Reader
+	n int64
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
+	n, err := b.r.Read(p)
+	b.n += int64(n)
 	return n, err
-}
-
-func (b *countingBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.once.Do(func() {
-		if b.onClose != nil {
-			b.onClose(b.n.Load())
-		}
-	})
-	return err
 }
 
 // goproxyLogger sends goproxy's warnings to zerolog at debug level. goproxy may print URLs, so

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -68,10 +67,14 @@ type Sandbox struct {
 	creds  map[[32]byte]HostSet
 	Policy HTTPPolicy
 
-	// released caches credentials resolved for this sandbox (key host+"\x00"+placeholder), so
-	// a burst of requests costs one resolve. It lives and dies with this registration.
-	released sync.Map
+	// released caches credentials resolved for this sandbox, so a burst of requests costs one
+	// resolve. It lives and dies with this registration.
+	releasedMu sync.RWMutex
+	released   map[releaseKey]releasedSecret
 }
+
+// releaseKey names a released credential: a placeholder on a host.
+type releaseKey struct{ host, placeholder string }
 
 // releasedSecret is a cached resolve.
 type releasedSecret struct {
@@ -125,12 +128,27 @@ func (sb *Sandbox) tokenOK(token string) bool {
 
 // placeholder looks a candidate string up among this sandbox's placeholders.
 func (sb *Sandbox) placeholder(tok string) (HostSet, bool) {
-	if len(sb.creds) == 0 {
+	if len(tok) != placeholderLen {
+		return HostSet{}, false
+	}
+	return sb.placeholderBytes([]byte(tok))
+}
+
+// placeholderBytes is placeholder for a candidate in a byte slice, without allocating.
+func (sb *Sandbox) placeholderBytes(tok []byte) (HostSet, bool) {
+	if len(sb.creds) == 0 || len(tok) != placeholderLen {
 		return HostSet{}, false
 	}
 	// Placeholders are minted in lower case; hex is case-insensitive, so an upper-cased copy is
 	// recognised too.
-	hosts, ok := sb.creds[sha256.Sum256([]byte(strings.ToLower(tok)))]
+	var lower [placeholderLen]byte
+	for i, c := range tok {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		lower[i] = c
+	}
+	hosts, ok := sb.creds[sha256.Sum256(lower[:])]
 	return hosts, ok
 }
 

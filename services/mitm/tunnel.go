@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -88,17 +89,18 @@ type tunnel struct {
 	p    *Proxy
 	conn net.Conn
 	sess *session
-	lim  *headLimit
 	br   *bufio.Reader
 	bw   *bufio.Writer
+	req  request  // reused for each request: its buffers are the tunnel's
+	resp response // likewise for the host's answers
 }
 
-// serveTunnel reads the guest's requests with net/http's parser, one at a time, and answers each:
-// refused, or forwarded over the tunnel's upstream connection. Reading a request head is bounded
-// in size (431) and time; between requests the tunnel may idle for IdleTimeout.
+// serveTunnel reads the guest's requests one at a time and answers each: refused, or forwarded
+// over the tunnel's upstream connection. Reading a request head is bounded in size (431) and
+// time; between requests the tunnel may idle for IdleTimeout.
 func (p *Proxy) serveTunnel(conn net.Conn, sess *session) {
-	t := &tunnel{p: p, conn: conn, sess: sess, lim: &headLimit{r: conn, left: -1}}
-	t.br = bufio.NewReaderSize(t.lim, 4<<10)
+	t := &tunnel{p: p, conn: conn, sess: sess}
+	t.br = bufio.NewReaderSize(conn, 4<<10)
 	t.bw = bufio.NewWriterSize(conn, 4<<10)
 	// Closing the proxy ends a wait for the host or the guest.
 	stop := context.AfterFunc(p.ctx, func() {
@@ -128,52 +130,49 @@ func (t *tunnel) serveOne() bool {
 	if deadline {
 		t.conn.SetReadDeadline(time.Now().Add(requestHeaderTimeout))
 	}
-	// The reader may fill its buffer past the head: allow for that on top of the limit.
-	t.lim.arm(MaxRequestHeaderBytes + int64(t.br.Size()) - int64(t.br.Buffered()))
-	req, err := http.ReadRequest(t.br)
-	t.lim.disarm()
+	req := &t.req
+	err := req.read(t.br)
 	if deadline {
 		t.conn.SetReadDeadline(time.Time{})
 	}
 	if err != nil {
+		var bad *malformedError
+		var version *versionError
 		switch {
-		case t.lim.exceeded:
+		case errors.Is(err, errHeadTooLarge):
 			t.refuseUnread(http.StatusRequestHeaderFieldsTooLarge, RuleHeadTooLarge, fmt.Sprintf("nexus: refused: request head larger than %d bytes", MaxRequestHeaderBytes))
-		case !errors.Is(err, io.EOF) && !isTimeout(err):
-			t.refuseUnread(http.StatusBadRequest, RuleBadRequest, "nexus: refused: malformed HTTP request")
+		case errors.As(err, &version):
+			t.refuseUnread(http.StatusHTTPVersionNotSupported, RuleBadRequest, "nexus: refused: only HTTP/1.x is served in a tunnel")
+		case errors.As(err, &bad):
+			t.refuseUnread(http.StatusBadRequest, RuleBadRequest, "nexus: refused: "+bad.Error())
 		}
-		return false
+		return false // a timeout or a guest that went away: nobody to answer
 	}
-	if req.ProtoMajor != 1 {
-		t.refuseUnread(http.StatusHTTPVersionNotSupported, RuleBadRequest, "nexus: refused: only HTTP/1.x is served in a tunnel")
-		return false
+	if req.expectContinue && req.body != nil {
+		req.body = &continueBody{r: req.body, t: t}
 	}
-	if req.ProtoAtLeast(1, 1) && req.Body != http.NoBody && req.Header.Get("Expect") == "100-continue" {
-		req.Body = &continueBody{ReadCloser: req.Body, t: t}
-	}
-	rs := &reqState{sess: t.sess, method: req.Method, path: redactPlaceholders(t.sess.sb, req.URL.Path)}
+	rs := &reqState{sess: t.sess, method: req.method, path: redactPlaceholders(t.sess.sb, req.url.Path)}
 	var keep bool
 	if v := t.p.judge(req, rs); v != nil {
 		keep = t.refuse(req, rs, v)
 	} else {
 		keep = t.p.forward(t, req, rs)
 	}
-	if !keep || req.Close {
+	if !keep || req.close {
 		return false
 	}
-	// Whatever of the request body nobody read is skipped, within reason. A body the upstream
-	// write closed has been read to its end already.
-	if req.Body != http.NoBody {
-		n, err := io.CopyN(io.Discard, req.Body, maxDrainBytes+1)
-		if n > maxDrainBytes || (err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, http.ErrBodyReadAfterClose)) {
+	// Whatever of the request body nobody read is skipped, within reason.
+	if req.body != nil {
+		n, err := io.CopyN(io.Discard, req.body, maxDrainBytes+1)
+		if n > maxDrainBytes || (err != nil && !errors.Is(err, io.EOF)) {
 			return false
 		}
 	}
 	return true
 }
 
-// headBuffered reports whether the buffer holds a whole request head (up to its empty line;
-// net/http also takes bare LF line ends).
+// headBuffered reports whether the buffer holds a whole head (up to its empty line; a bare LF
+// line end is taken too).
 func headBuffered(br *bufio.Reader) bool {
 	b, _ := br.Peek(br.Buffered())
 	return bytes.Contains(b, []byte("\n\r\n")) || bytes.Contains(b, []byte("\n\n"))
@@ -189,26 +188,39 @@ type verdict struct {
 // judge decides one request inside a tunnel and, when it is allowed, swaps its credential. The
 // checks run in this order: host on the allowlist, Host header equals the tunnel's host, no
 // placeholder bound elsewhere, the request policy, then the credential swap. nil allows.
-func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
+func (p *Proxy) judge(req *request, rs *reqState) *verdict {
 	sess := rs.sess
 	sb := sess.sb
-	if req.Method == http.MethodConnect {
+	if req.method == http.MethodConnect {
 		return &verdict{http.StatusMethodNotAllowed, RuleBadRequest, "nexus: refused: CONNECT inside a tunnel (open a new connection to the other host instead)"}
 	}
 	if !sess.allowed {
 		return &verdict{http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host)}
 	}
-	if h, ok := requestHost(req, sess.port); !ok || h != sess.host {
-		return &verdict{http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host)}
+	// The Host field as the guest's client writes it is the tunnel's host itself: nothing to
+	// normalise.
+	if req.host != sess.host || req.url.Host != "" {
+		if h, ok := requestHost(req.host, req.url.Host, sess.port); !ok || h != sess.host {
+			return &verdict{http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host)}
+		}
 	}
 	use := scanPlaceholders(sb, req, sess.host)
 	if use.leak {
-		return &verdict{http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
-			"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
-			sess.host, sess.host)}
+		return leakVerdict(sess.host)
+	}
+	if req.chunk != nil {
+		// Trailer fields come after the body: they are looked at when they arrive.
+		req.chunk.check = func(tr *head) error {
+			if trailerLeaks(sb, tr, sess.host) {
+				return errTrailerLeak
+			}
+			return nil
+		}
 	}
 	if sb.Policy != nil {
-		v := sb.Policy.Decide(req, sess.host)
+		hr := req.httpRequest()
+		v := sb.Policy.Decide(hr, sess.host)
+		req.body = bodyOf(hr) // the policy may have read part of it and put it back
 		if v.Deny {
 			rule := v.Rule
 			if rule == "" {
@@ -216,13 +228,13 @@ func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
 			}
 			reason := errdefs.FirstLine(v.Reason)
 			if reason == "" {
-				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, sess.host)
+				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.method, rs.path, sess.host)
 			}
 			return &verdict{http.StatusForbidden, rule, reason}
 		}
 		rs.rule = v.Rule
 		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
-			req.Header.Del("Authorization")
+			req.stripAuth = true
 			use.bearer, use.basicPass = "", ""
 		}
 	}
@@ -247,24 +259,30 @@ func (p *Proxy) judge(req *http.Request, rs *reqState) *verdict {
 				"nexus: the credential for %s is not a valid header value (set it again without line breaks: `nexus secret set`)", sess.host)}
 		}
 		if use.bearer != "" {
-			req.Header["Authorization"] = []string{"Bearer " + secret}
+			req.auth = "Bearer " + secret
 		} else {
-			req.SetBasicAuth(use.basicUser, secret)
+			req.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(use.basicUser+":"+secret))
 		}
 		rs.swapped = true
 	}
-	if req.Body != nil && req.Body != http.NoBody {
-		rs.reqBody = &countingBody{ReadCloser: req.Body}
-		req.Body = rs.reqBody
+	if req.body != nil {
+		rs.reqBody = &countingBody{r: req.body}
+		req.body = rs.reqBody
 	}
 	return nil
+}
+
+func leakVerdict(host string) *verdict {
+	return &verdict{http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
+		"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
+		host, host)}
 }
 
 // refuse answers a refused request with its one-line reason (body and X-Nexus-Deny) and audits
 // it. A body the guest is still sending is not waited for: the connection closes after the
 // answer. It reports whether the tunnel goes on.
-func (t *tunnel) refuse(req *http.Request, rs *reqState, v *verdict) bool {
-	closeAfter := req.Body != http.NoBody
+func (t *tunnel) refuse(req *request, rs *reqState, v *verdict) bool {
+	closeAfter := req.body != nil
 	t.writeLine(v.status, v.reason, closeAfter)
 	t.p.emitRequest(rs, v.status, 0, audit.Deny, v.rule, v.reason)
 	t.p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, v.rule).Msg("request refused")
@@ -287,45 +305,10 @@ func (t *tunnel) writeLine(status int, line string, closeAfter bool) {
 	t.bw.Flush()
 }
 
-// writeHead writes a response's status line, its headers and the framing the relay chose,
-// buffered.
-func (t *tunnel) writeHead(status int, h http.Header, f framing) {
-	writeStatusLine(t.bw, status)
-	writeFields(t.bw, h, false)
-	switch {
-	case f.length >= 0:
-		writeLength(t.bw, f.length)
-	case f.chunked:
-		t.bw.WriteString("Transfer-Encoding: chunked\r\n")
-		for k := range f.trailer {
-			writeField(t.bw, "Trailer", k)
-		}
-	case f.close:
-		t.bw.WriteString("Connection: close\r\n")
-	default: // no body (HEAD, 204, 304, 101): the host's own length, if it gave one
-		for _, v := range h["Content-Length"] {
-			writeField(t.bw, "Content-Length", v)
-		}
-	}
-	t.bw.WriteString("\r\n")
-}
-
-// framing is how a relayed body is delimited for the guest: by its length (>= 0), chunked, or
-// by closing the connection; none of these for an answer without a body.
-type framing struct {
-	length  int64
-	chunked bool
-	trailer http.Header
-	close   bool
-}
-
-// noFraming is the framing of an answer without a body.
-var noFraming = framing{length: -1}
-
 // continueBody sends the guest the 100 Continue its request waits for when the body is first
 // read (it is never read for a refused request, whose answer then closes the connection).
 type continueBody struct {
-	io.ReadCloser
+	r    io.Reader
 	t    *tunnel
 	sent bool
 }
@@ -338,35 +321,7 @@ func (b *continueBody) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	return b.ReadCloser.Read(p)
-}
-
-// headLimit bounds the bytes read while a request head is parsed.
-type headLimit struct {
-	r        io.Reader
-	left     int64 // < 0: no limit
-	exceeded bool
-}
-
-func (l *headLimit) arm(n int64) { l.left, l.exceeded = n, false }
-func (l *headLimit) disarm()     { l.left = -1 }
-
-var errHeadTooLarge = errors.New("mitm: request head too large")
-
-func (l *headLimit) Read(p []byte) (int, error) {
-	if l.left < 0 {
-		return l.r.Read(p)
-	}
-	if l.left == 0 {
-		l.exceeded = true
-		return 0, errHeadTooLarge
-	}
-	if int64(len(p)) > l.left {
-		p = p[:l.left]
-	}
-	n, err := l.r.Read(p)
-	l.left -= int64(n)
-	return n, err
+	return b.r.Read(p)
 }
 
 func isTimeout(err error) bool {

@@ -105,31 +105,23 @@ type upstreamConn struct {
 // errStale marks a kept connection found closed before any byte of the answer came back.
 var errStale = errors.New("mitm: kept upstream connection was closed by the host")
 
-// roundTrip writes out (streaming its body) and reads the answer's head, skipping informational
-// answers other than 101. Closing the connection (the request's context ending) unblocks it.
-func (u *upstreamConn) roundTrip(out *http.Request, host string) (*http.Response, error) {
-	if err := writeRequest(u.bw, out, host); err != nil {
-		return nil, err
+// roundTrip writes req (streaming its body) and reads the answer's head into resp, skipping
+// informational answers other than 101. Closing the connection (the request's context ending)
+// unblocks it.
+func (u *upstreamConn) roundTrip(req *request, resp *response, sess *session) error {
+	if err := writeRequest(u.bw, req, sess); err != nil {
+		return err
 	}
 	if err := u.bw.Flush(); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := u.br.Peek(1); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || isReset(err) {
-			return nil, fmt.Errorf("%w: %v", errStale, err)
+			return fmt.Errorf("%w: %v", errStale, err)
 		}
-		return nil, err
+		return err
 	}
-	for {
-		resp, err := http.ReadResponse(u.br, out)
-		if err != nil {
-			return nil, err
-		}
-		if resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-			continue // 100 Continue, 103 Early Hints: the final answer follows
-		}
-		return resp, nil
-	}
+	return resp.read(u.br, req.method)
 }
 
 // closedByHost reports whether the host closed the kept connection while it was idle: a read that
@@ -157,47 +149,23 @@ func isReset(err error) bool {
 
 // replayable: a request that may be sent again on a new connection when the kept one turned out
 // closed: no body, and a method that does not change anything (or an idempotency key).
-func replayable(r *http.Request) bool {
-	if r.Body != nil && r.Body != http.NoBody {
+func replayable(r *request) bool {
+	if r.body != nil {
 		return false
 	}
-	switch r.Method {
+	switch r.method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
 	}
-	return r.Header.Get("Idempotency-Key") != "" || r.Header.Get("X-Idempotency-Key") != ""
+	k1, _ := r.get("Idempotency-Key")
+	k2, _ := r.get("X-Idempotency-Key")
+	return len(k1) > 0 || len(k2) > 0
 }
 
 // hopHeaders are the headers of one connection, never forwarded (RFC 9110 §7.6.1).
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-// removeHopHeaders deletes the hop-by-hop headers, including those the Connection header names.
-func removeHopHeaders(h http.Header) {
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				h.Del(f)
-			}
-		}
-	}
-	for _, k := range hopHeaders {
-		delete(h, k) // hopHeaders are in canonical form
-	}
-}
-
-// upgradeType is the protocol a request or response switches to ("" for none).
-func upgradeType(h http.Header) string {
-	for _, v := range h["Connection"] {
-		for _, f := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), "upgrade") {
-				return h.Get("Upgrade")
-			}
-		}
-	}
-	return ""
 }
 
 // printable: an upgrade token fit to put back on the wire.

@@ -8,94 +8,149 @@ import (
 	"strconv"
 )
 
-// Writing heads. net/http's parsers read both sides of a tunnel; the heads the proxy sends on are
-// written here, straight from the parsed header maps: no copy of the request, no sorting, no
-// formatting. Every header name and value written came through net/http's parser, which refuses
-// control bytes, or is one the proxy set itself from checked values (see validFieldValue for the
-// swapped credential), so nothing written here can split a head.
+// Writing heads. A forwarded head is the sender's fields as they came (names and values were
+// checked when read: no control bytes, so nothing written here can split a head), less the
+// hop-by-hop ones, with the framing the proxy chose for the body it sends. The one value the
+// proxy puts in, the swapped credential, is checked by validFieldValue before it is used.
 
-// writeRequest writes req as the host receives it: the guest's request target and Host, its
-// headers (the guest's hop headers already removed), then its body, framed by its length or sent
-// chunked and flushed chunk by chunk. The caller flushes.
-func writeRequest(bw *bufio.Writer, req *http.Request, host string) error {
-	if req.Host != "" {
-		host = req.Host
-	}
-	bw.WriteString(req.Method)
+// writeRequest writes req as the host receives it: the guest's method and target, its fields
+// less its hop's (the Authorization swapped or dropped as judged), then its body, framed by its
+// length or sent chunked and flushed chunk by chunk. The caller flushes.
+func writeRequest(bw *bufio.Writer, req *request, sess *session) error {
+	bw.WriteString(req.method)
 	bw.WriteByte(' ')
 	bw.WriteString(requestTarget(req))
-	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	bw.WriteString(host)
-	bw.WriteString("\r\n")
-	writeFields(bw, req.Header, true)
-	hasBody := req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0
-	chunked := hasBody && req.ContentLength < 0
+	bw.WriteString(" HTTP/1.1\r\n")
+	hasHost, authDone := false, false
+	chunked := req.body != nil && req.frame.chunked
+	for _, f := range req.fields {
+		switch {
+		case f.is("Trailer"):
+			if chunked {
+				writeFieldBytes(bw, f.name, f.value)
+			}
+			continue
+		case req.hopField(f, req.hasConnection):
+			continue
+		case f.is("Host"):
+			hasHost = true
+		case f.is("Authorization") && (req.stripAuth || req.auth != ""):
+			if !authDone && !req.stripAuth {
+				writeField(bw, "Authorization", req.auth)
+			}
+			authDone = true
+			continue
+		}
+		writeFieldBytes(bw, f.name, f.value)
+	}
+	if !hasHost {
+		host := req.url.Host
+		if host == "" {
+			host = sess.addr
+		}
+		writeField(bw, "Host", host)
+	}
+	if req.teTrailers {
+		bw.WriteString("Te: trailers\r\n")
+	}
+	if req.upgrade != "" {
+		bw.WriteString("Connection: Upgrade\r\n")
+		writeField(bw, "Upgrade", req.upgrade)
+	}
 	switch {
 	case chunked:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
-		for k := range req.Trailer {
-			writeField(bw, "Trailer", k)
-		}
-	case hasBody:
-		writeLength(bw, req.ContentLength)
-	case sendsZeroLength(req):
+	case req.body != nil:
+		writeLength(bw, req.frame.length)
+	case req.frame.length == 0 || sendsZeroLength(req.method):
 		writeLength(bw, 0)
 	}
-	_, err := bw.WriteString("\r\n")
-	if err != nil || !hasBody {
+	if _, err := bw.WriteString("\r\n"); err != nil || req.body == nil {
 		return err
 	}
 	if chunked {
-		_, err := copyChunked(bw, req.Body, req.Trailer)
+		_, err := copyChunked(bw, req.body, &req.chunk.trailer)
 		return err
 	}
 	buf := copyBufferPool.Get().(*[]byte)
-	n, err := io.CopyBuffer(bw, onlyReader{req.Body}, *buf)
+	n, err := io.CopyBuffer(bw, onlyReader{req.body}, *buf)
 	copyBufferPool.Put(buf)
-	if err == nil && n != req.ContentLength {
-		err = fmt.Errorf("request body of %d bytes, %d declared", n, req.ContentLength)
+	if err == nil && n != req.frame.length {
+		err = fmt.Errorf("request body of %d bytes, %d declared", n, req.frame.length)
 	}
 	return err
 }
 
 // requestTarget is the request line's target as the guest wrote it when it was in origin form
 // (the common case: nothing to rebuild), else the path and query of the URL it named.
-func requestTarget(req *http.Request) string {
-	if u := req.RequestURI; u != "" && (u[0] == '/' || u == "*") {
+func requestTarget(req *request) string {
+	if u := req.target; u[0] == '/' || u == "*" {
 		return u
 	}
-	return req.URL.RequestURI()
+	return req.url.RequestURI()
 }
 
-// sendsZeroLength: a request without a body still says Content-Length: 0 when the guest said
-// so, and for the methods whose servers expect a length.
-func sendsZeroLength(req *http.Request) bool {
-	if _, ok := req.Header["Content-Length"]; ok {
-		return true
-	}
-	switch req.Method {
+// sendsZeroLength: methods whose servers expect a length even without a body.
+func sendsZeroLength(method string) bool {
+	switch method {
 	case http.MethodPost, http.MethodPut, http.MethodPatch:
 		return true
 	}
 	return false
 }
 
-// writeFields writes the fields of h, leaving out the framing ones (Content-Length,
-// Transfer-Encoding, Trailer), which the writer decides, and Host when framing a request.
-func writeFields(bw *bufio.Writer, h http.Header, request bool) {
-	for k, vv := range h {
-		switch k {
-		case "Content-Length", "Transfer-Encoding", "Trailer":
-			continue
-		case "Host":
-			if request {
-				continue
+// framing is how a relayed body is delimited for the guest: by its length (>= 0), chunked, or
+// by closing the connection; none of these for an answer without a body.
+type framing struct {
+	length  int64
+	chunked bool
+	close   bool
+}
+
+// noFraming is the framing of an answer without a body.
+var noFraming = framing{length: -1}
+
+// writeResponseHead writes the host's answer's status line and fields, less the hop-by-hop ones,
+// and the framing the relay chose (buffered).
+func writeResponseHead(bw *bufio.Writer, resp *response, f framing) {
+	writeStatusLine(bw, resp.status, resp.reason)
+	for _, fl := range resp.fields {
+		switch {
+		case fl.is("Trailer"):
+			if f.chunked {
+				writeFieldBytes(bw, fl.name, fl.value)
 			}
+			continue
+		case fl.is("Content-Length"):
+			// An answer without a body keeps the length the host gave (HEAD, 304).
+			if resp.noBody {
+				writeFieldBytes(bw, fl.name, fl.value)
+			}
+			continue
+		case resp.hopField(fl, resp.hasConnection):
+			continue
 		}
-		for _, v := range vv {
-			writeField(bw, k, v)
-		}
+		writeFieldBytes(bw, fl.name, fl.value)
 	}
+	switch {
+	case f.length >= 0:
+		writeLength(bw, f.length)
+	case f.chunked:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case f.close:
+		bw.WriteString("Connection: close\r\n")
+	}
+	bw.WriteString("\r\n")
+}
+
+// writeSwitchHead writes a 101 answer as the host sent it: its Connection and Upgrade fields are
+// the point of it.
+func writeSwitchHead(bw *bufio.Writer, resp *response) {
+	writeStatusLine(bw, resp.status, resp.reason)
+	for _, f := range resp.fields {
+		writeFieldBytes(bw, f.name, f.value)
+	}
+	bw.WriteString("\r\n")
 }
 
 func writeField(bw *bufio.Writer, k, v string) {
@@ -105,22 +160,31 @@ func writeField(bw *bufio.Writer, k, v string) {
 	bw.WriteString("\r\n")
 }
 
-func writeLength(bw *bufio.Writer, n int64) {
-	var b [20]byte
-	bw.WriteString("Content-Length: ")
-	bw.Write(strconv.AppendInt(b[:0], n, 10))
+func writeFieldBytes(bw *bufio.Writer, k, v []byte) {
+	bw.Write(k)
+	bw.WriteString(": ")
+	bw.Write(v)
 	bw.WriteString("\r\n")
 }
 
-// writeStatusLine writes "HTTP/1.1 <status> <text>".
-func writeStatusLine(bw *bufio.Writer, status int) {
-	var b [3]byte
+func writeLength(bw *bufio.Writer, n int64) {
+	bw.WriteString("Content-Length: ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), n, 10))
+	bw.WriteString("\r\n")
+}
+
+// writeStatusLine writes "HTTP/1.1 <status> <reason>": the host's reason phrase, or the
+// standard one when it gave none.
+func writeStatusLine(bw *bufio.Writer, status int, reason []byte) {
 	bw.WriteString("HTTP/1.1 ")
-	bw.Write(strconv.AppendInt(b[:0], int64(status), 10))
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(status), 10))
 	bw.WriteByte(' ')
-	if text := http.StatusText(status); text != "" {
-		bw.WriteString(text)
-	} else {
+	switch {
+	case len(reason) > 0:
+		bw.Write(reason)
+	case http.StatusText(status) != "":
+		bw.WriteString(http.StatusText(status))
+	default:
 		bw.WriteString("status")
 	}
 	bw.WriteString("\r\n")
@@ -130,7 +194,7 @@ func writeStatusLine(bw *bufio.Writer, status int) {
 // tabs only. A credential that is not (a stored secret with a line break) is never sent.
 func validFieldValue(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f {
+		if !isValueByte(s[i]) {
 			return false
 		}
 	}
