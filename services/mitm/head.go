@@ -20,10 +20,7 @@ import (
 // maxFields bounds the fields of one head.
 const maxFields = 256
 
-var (
-	errHeadTooLarge = errors.New("message head too large")
-	errHeadTimeout  = errors.New("message head not received in time")
-)
+var errHeadTooLarge = errors.New("message head too large")
 
 // malformedError is a head that is not HTTP/1.x; its text is safe to show the guest.
 type malformedError struct{ what string }
@@ -115,7 +112,7 @@ func parseField(line []byte) (field, error) {
 	name := line[:colon]
 	for _, c := range name {
 		if !isTokenByte(c) {
-			return field{}, malformed("invalid header name %q", safeBytes(name))
+			return field{}, malformed("invalid header name %s", safeBytes(name))
 		}
 	}
 	value := trimSpace(line[colon+1:])
@@ -176,7 +173,7 @@ func (h *head) messageFraming(http10 bool) (bodyFraming, error) {
 		case fl.is("Transfer-Encoding"):
 			te++
 			if te > 1 || !asciiEqualFold(fl.value, "chunked") {
-				return f, malformed("unsupported transfer coding %q", safeBytes(fl.value))
+				return f, malformed("unsupported transfer coding %s", safeBytes(fl.value))
 			}
 			f.chunked = true
 		case fl.is("Content-Length"):
@@ -354,10 +351,10 @@ func asciiEqualFold(b []byte, s string) bool {
 	return true
 }
 
-// safeBytes shows at most 64 bytes of untrusted input, quoted by the caller.
+// safeBytes quotes at most 64 bytes of untrusted input, printable and on one line.
 func safeBytes(b []byte) string {
 	if len(b) > 64 {
 		b = b[:64]
 	}
-	return strconv.QuoteToASCII(string(b))[1:]
+	return strconv.QuoteToASCII(string(b))
 }

@@ -173,8 +173,11 @@ func (r *request) httpRequest() *http.Request {
 	if r.body != nil {
 		hr.Body = io.NopCloser(r.body)
 	}
-	if r.frame.chunked {
+	switch {
+	case r.frame.chunked:
 		hr.ContentLength = -1
+	case r.body == nil:
+		hr.ContentLength = 0
 	}
 	return hr
 }
@@ -205,7 +208,7 @@ type response struct {
 // read reads the host's final answer to a request of the given method: informational answers
 // other than 101 are skipped.
 func (r *response) read(br *bufio.Reader, method string) error {
-	for {
+	for range maxInformational {
 		if err := r.readOne(br, method); err != nil {
 			return err
 		}
@@ -213,7 +216,11 @@ func (r *response) read(br *bufio.Reader, method string) error {
 			return nil
 		}
 	}
+	return malformed("more than %d informational answers", maxInformational)
 }
+
+// maxInformational bounds the 1xx answers (100 Continue, 103 Early Hints) before the final one.
+const maxInformational = 16
 
 func (r *response) readOne(br *bufio.Reader, method string) error {
 	*r = response{head: r.head}

@@ -211,3 +211,22 @@ func TestIdleTunnelClosed(t *testing.T) {
 		t.Fatalf("closed after %v of silence, well before IdleTimeout %v", d, idle)
 	}
 }
+
+// TestMalformedAnswer: a host whose answer is not HTTP/1.1 gets the agent a 502 saying so, not
+// a garbled relay.
+func TestMalformedAnswer(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		io.WriteString(brw, "HTTP/1.1 200 OK\r\nBad Header: x\r\nContent-Length: 2\r\n\r\nok")
+		brw.Flush()
+		c.Close()
+	}))
+	c := h.client(t, testSandbox, testToken)
+	resp, _ := get(t, c, "https://api.example.com/", nil)
+	if deny := resp.Header.Get(DenyHeader); resp.StatusCode != http.StatusBadGateway || !strings.Contains(deny, `not valid HTTP/1.1: invalid header name "Bad Header"`) {
+		t.Fatalf("%d %q", resp.StatusCode, deny)
+	}
+}

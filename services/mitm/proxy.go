@@ -445,9 +445,14 @@ func atoiPort(s string) int {
 func upstreamErrorClass(err error) string {
 	var ce *tls.CertificateVerificationError
 	var ne net.Error
+	var bad *malformedError
 	switch {
 	case errors.As(err, &ce):
 		return "its TLS certificate is not trusted"
+	case errors.As(err, &bad):
+		return "its answer was not valid HTTP/1.1: " + bad.what
+	case errors.Is(err, errHeadTooLarge):
+		return fmt.Sprintf("its answer's head was larger than %d bytes", MaxRequestHeaderBytes)
 	case errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	case strings.Contains(err.Error(), "connection refused"):
