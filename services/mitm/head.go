@@ -45,9 +45,9 @@ type head struct {
 }
 
 // read reads one head from br: lines up to the empty one that ends it, limit bytes at most. Up
-// to a few empty lines before the start line are skipped (RFC 9112 §2.2). io.EOF means the peer
-// closed before sending anything.
-func (h *head) read(br *bufio.Reader, limit int) error {
+// to skip empty lines before the start line are skipped (RFC 9112 §2.2: a server reading a
+// request should). io.EOF means the peer closed before sending anything.
+func (h *head) read(br *bufio.Reader, limit, skip int) error {
 	h.buf, h.lines, h.fields, h.start = h.buf[:0], h.lines[:0], h.fields[:0], nil
 	for skipped := 0; ; {
 		begin := len(h.buf)
@@ -78,7 +78,7 @@ func (h *head) read(br *bufio.Reader, limit int) error {
 			if len(h.lines) > 0 {
 				break
 			}
-			if skipped++; skipped > 4 {
+			if skipped++; skipped > skip {
 				return malformed("empty lines instead of a start line")
 			}
 			continue
@@ -287,7 +287,12 @@ func (b *chunkedBody) readTrailer() error {
 			}
 			return err
 		}
-		line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+		if !bytes.HasSuffix(line, []byte("\r\n")) {
+			// net/http does not take bare LF line ends after the last chunk: neither does
+			// the proxy, so both ends agree where a body ends.
+			return malformed("bare LF after the last chunk")
+		}
+		line = line[:len(line)-2]
 		if len(line) == 0 {
 			return nil
 		}

@@ -40,7 +40,7 @@ func (versionError) Error() string { return "not HTTP/1.x" }
 // read reads the next request head from br and sets up its body.
 func (r *request) read(br *bufio.Reader) error {
 	*r = request{head: r.head}
-	if err := r.head.read(br, MaxRequestHeaderBytes); err != nil {
+	if err := r.head.read(br, MaxRequestHeaderBytes, 4); err != nil {
 		return err
 	}
 	// method SP request-target SP HTTP-version
@@ -70,8 +70,14 @@ func (r *request) read(br *bufio.Reader) error {
 	if r.method == http.MethodConnect {
 		r.url = &url.URL{Host: r.target}
 	} else {
+		// origin form (/path?query), absolute form with a host (https://host/path), or * for
+		// OPTIONS (RFC 9112 §3.2).
 		u, err := url.ParseRequestURI(r.target)
-		if err != nil {
+		switch {
+		case err != nil:
+			return malformed("bad request target")
+		case r.target == "*" && r.method != http.MethodOptions,
+			r.target[0] != '/' && r.target != "*" && (u.Host == "" || u.Scheme != "http" && u.Scheme != "https"):
 			return malformed("bad request target")
 		}
 		r.url = u
@@ -224,7 +230,7 @@ const maxInformational = 16
 
 func (r *response) readOne(br *bufio.Reader, method string) error {
 	*r = response{head: r.head}
-	if err := r.head.read(br, MaxRequestHeaderBytes); err != nil {
+	if err := r.head.read(br, MaxRequestHeaderBytes, 0); err != nil {
 		if err == io.EOF {
 			return io.ErrUnexpectedEOF
 		}
@@ -264,7 +270,7 @@ func (r *response) readOne(br *bufio.Reader, method string) error {
 	if r.noBody {
 		return nil
 	}
-	frame, err := r.messageFraming(false)
+	frame, err := r.messageFraming(minor == 0)
 	if err != nil {
 		return err
 	}
