@@ -54,11 +54,22 @@ func benchHarness(b *testing.B) (*harness, *atomic.Int64) {
 
 // run4 runs b.N requests on 4 goroutines and reports req/s and latency percentiles.
 func run4(b *testing.B, do func(i int64) error) {
+	b.ResetTimer()
+	elapsed, lat, err := measure4(0, int64(b.N), do)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	report(b, int64(b.N), elapsed, lat)
+}
+
+// measure4 runs requests from+1..to on 4 goroutines; it returns the wall time and each latency.
+func measure4(from, to int64, do func(i int64) error) (time.Duration, []time.Duration, error) {
 	var next atomic.Int64
+	next.Store(from)
 	lat := make([][]time.Duration, 4)
 	var wg sync.WaitGroup
 	var failed atomic.Value
-	b.ResetTimer()
 	start := time.Now()
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
@@ -66,7 +77,7 @@ func run4(b *testing.B, do func(i int64) error) {
 			defer wg.Done()
 			for {
 				i := next.Add(1)
-				if i > int64(b.N) {
+				if i > to {
 					return
 				}
 				t0 := time.Now()
@@ -79,14 +90,13 @@ func run4(b *testing.B, do func(i int64) error) {
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	if err, _ := failed.Load().(error); err != nil {
-		b.Fatal(err)
-	}
-	all := slices.Concat(lat...)
+	err, _ := failed.Load().(error)
+	return time.Since(start), slices.Concat(lat...), err
+}
+
+func report(b *testing.B, n int64, elapsed time.Duration, all []time.Duration) {
 	slices.Sort(all)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "req/s")
 	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
 	b.ReportMetric(float64(all[len(all)-1].Microseconds()), "max-µs")
@@ -129,6 +139,13 @@ func BenchmarkDirect(b *testing.B) {
 
 func BenchmarkGoproxyPassThrough(b *testing.B) {
 	h, _ := benchHarness(b)
+	c := passThroughClient(b, h)
+	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", nil) })
+}
+
+// passThroughClient reaches the harness's origin through goproxy's CONNECT pass-through (it
+// splices the two TCP connections).
+func passThroughClient(b *testing.B, h *harness) *http.Client {
 	origin := h.upstream.Listener.Addr().String()
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{zerolog.Nop()}
@@ -142,22 +159,47 @@ func BenchmarkGoproxyPassThrough(b *testing.B) {
 	}
 	srv := &http.Server{Handler: gp}
 	go srv.Serve(ln)
-	defer srv.Close()
-	c := &http.Client{Transport: &http.Transport{
+	b.Cleanup(func() { srv.Close() })
+	return &http.Client{Transport: &http.Transport{
 		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: ln.Addr().String()}),
 		TLSClientConfig: &tls.Config{RootCAs: originPool(h)}, MaxIdleConnsPerHost: 8,
 	}}
-	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", nil) })
 }
 
+// BenchmarkMITMWarm is our MITM with a warm leaf, policy, credential swap and audit all on. Its
+// x-passthrough is its throughput over goproxy's CONNECT pass-through to the same origin,
+// measured in the same run: eight alternating rounds of each, so the machine's drift falls on
+// both alike.
 func BenchmarkMITMWarm(b *testing.B) {
 	h, events := benchHarness(b)
 	c := h.client(b, "bench", testToken)
+	pt := passThroughClient(b, h)
 	hdr := http.Header{"Authorization": {"Bearer " + placeholder}}
-	run4(b, func(int64) error { return fetch(c, "https://api.example.com/", hdr) })
+	mitm := func(int64) error { return fetch(c, "https://api.example.com/", hdr) }
+	pass := func(int64) error { return fetch(pt, "https://api.example.com/", nil) }
+	const rounds = 8
+	n := int64(b.N)
+	var ours, theirs time.Duration
+	var lat []time.Duration
+	b.ResetTimer()
+	for r := int64(0); r < rounds; r++ {
+		from, to := n*r/rounds, n*(r+1)/rounds
+		d, l, err := measure4(from, to, mitm)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ours, lat = ours+d, append(lat, l...)
+		if d, _, err = measure4(from, to, pass); err != nil {
+			b.Fatal(err)
+		}
+		theirs += d
+	}
+	b.StopTimer()
+	report(b, n, ours, lat)
+	b.ReportMetric(theirs.Seconds()/ours.Seconds(), "x-passthrough")
 	waitFor(b, 10*time.Second, func() error {
-		if events.Load() < int64(b.N) {
-			return fmt.Errorf("%d of %d audit events", events.Load(), b.N)
+		if events.Load() < n {
+			return fmt.Errorf("%d of %d audit events", events.Load(), n)
 		}
 		return nil
 	})
