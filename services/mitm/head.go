@@ -124,7 +124,7 @@ func parseField(line []byte) (field, error) {
 	return field{name: name, value: value}, nil
 }
 
-// values calls fn for each field named name.
+// each calls fn with the value of each field named name.
 func (h *head) each(name string, fn func(v []byte)) {
 	for _, f := range h.fields {
 		if f.is(name) {
@@ -156,7 +156,7 @@ func (h *head) hasToken(name, token string) bool {
 	return found
 }
 
-// framing is how a body is delimited on the wire.
+// bodyFraming is how a message delimits its body on the wire.
 type bodyFraming struct {
 	length  int64 // >= 0: this many bytes; -1: not by length
 	chunked bool
