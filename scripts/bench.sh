@@ -35,7 +35,7 @@ done
 	echo "| benchmark | iterations | metrics |"
 	echo "| --- | --- | --- |"
 	grep -E '^Benchmark' "$out" | while read -r name iters rest; do
-		metrics=$(echo "$rest" | sed -E 's/([0-9.]+) ([^ ]+)/\1 \2;/g; s/;[[:space:]]*$//; s/;[[:space:]]+/; /g')
+		metrics=$(echo "$rest" | tr -s '\t ' '  ' | sed -E 's/([0-9.]+) ([^ ]+)/\1 \2;/g; s/;[[:space:]]*$//; s/;[[:space:]]+/; /g')
 		echo "| ${name%-*} | $iters | $metrics |"
 	done
 } > BENCH.md
