@@ -230,3 +230,39 @@ func TestMalformedAnswer(t *testing.T) {
 		t.Fatalf("%d %q", resp.StatusCode, deny)
 	}
 }
+
+// TestExpectContinue: a guest that waits for 100 Continue before sending its body gets it once
+// the request is on its way to the host, and its body arrives whole; a refused request gets its
+// refusal instead, without a 100 Continue, and the body is never asked for.
+func TestExpectContinue(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s expect=%q", b, r.Header.Get("Expect"))
+	}))
+	tc, br := h.tunnelTo(t, "api.example.com")
+	io.WriteString(tc, "POST /up HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	interim, err := http.ReadResponse(br, nil)
+	if err != nil || interim.StatusCode != http.StatusContinue {
+		t.Fatalf("before the body: %v %v", interim, err)
+	}
+	io.WriteString(tc, "hello")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != `hello expect=""` {
+		t.Fatalf("host saw %q", b)
+	}
+
+	tc, br = h.tunnelTo(t, "api.example.com")
+	io.WriteString(tc, "POST /up HTTP/1.1\r\nHost: other.example.com\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("refused request: %v %v", resp, err)
+	}
+	io.ReadAll(resp.Body)
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after refusing a request whose body never came, the connection stays open (%v)", err)
+	}
+}
