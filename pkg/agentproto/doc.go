@@ -42,6 +42,8 @@ const (
 	CmdlineTime = "nexus.time"
 	// CmdlineAgentPort is the name of the virtio-serial port carrying the channel.
 	CmdlineAgentPort = "nexus.agentport"
+	// CmdlineShares, when set, says the VM has host shares (9p) to mount.
+	CmdlineShares = "nexus.shares"
 	// CmdlineVsockPort is the AF_VSOCK port the agent listens on (DefaultVsockPort when absent).
 	CmdlineVsockPort = "nexus.vsockport"
 )
@@ -53,8 +55,11 @@ const (
 	// DefaultVsockPort is the AF_VSOCK port the agent serves the protocol on.
 	DefaultVsockPort = 1024
 	// ModulesList is the initramfs file listing kernel modules to load, one absolute path a line,
-	// in dependency order.
+	// in dependency order. Those after a SharesModulesMarker line are loaded only when the command
+	// line has CmdlineShares.
 	ModulesList = "/etc/nexus/modules"
+	// SharesModulesMarker starts the modules only host shares (9p) need.
+	SharesModulesMarker = "#shares"
 	// HostDialSocket is the unix socket inside the guest on which a guest process asks for a
 	// connection to a host port: it writes "CONNECT <port>\n", reads "OK <port>\n", then bytes flow.
 	HostDialSocket = "/run/nexus/hostdial.sock"

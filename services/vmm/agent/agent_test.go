@@ -70,15 +70,19 @@ func TestRing(t *testing.T) {
 	}
 }
 
-func TestLoadModulesMissingList(t *testing.T) {
+func TestModuleList(t *testing.T) {
 	n, err := LoadModules(filepath.Join(t.TempDir(), "none"), Cmdline{})
 	if n != 0 || err != nil {
 		t.Fatal(n, err)
 	}
 	list := filepath.Join(t.TempDir(), "modules")
-	os.WriteFile(list, []byte("# comment\n\n/nonexistent/a.ko\n"), 0o644)
-	if _, err := LoadModules(list, Cmdline{}); err == nil || !strings.Contains(err.Error(), "/nonexistent/a.ko") {
-		t.Fatalf("missing module: %v", err)
+	os.WriteFile(list, []byte("# comment\n\n/nonexistent/a.ko\n"+agentproto.SharesModulesMarker+"\n/nonexistent/9p.ko\n"), 0o644)
+	if _, err := LoadModules(list, Cmdline{}); err == nil || !strings.Contains(err.Error(), "/nonexistent/a.ko") || strings.Contains(err.Error(), "9p") {
+		t.Fatalf("without shares: %v", err)
+	}
+	withShares := ParseCmdline(agentproto.CmdlineShares + "=1")
+	if _, err := LoadModules(list, withShares); err == nil || !strings.Contains(err.Error(), "/nonexistent/9p.ko") {
+		t.Fatalf("with shares: %v", err)
 	}
 }
 

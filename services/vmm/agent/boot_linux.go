@@ -68,8 +68,12 @@ func RunInit() {
 		{"network", func() error { return bootNetwork(cmd) }},
 	}
 	var bootErrors []string
+	took := zerolog.Dict()
 	for _, st := range steps {
-		if err := st.run(); err != nil {
+		t0 := time.Now()
+		err := st.run()
+		took.Dur(st.name, time.Since(t0))
+		if err != nil {
 			bootErrors = append(bootErrors, st.name+": "+err.Error())
 			fmt.Fprintf(console, "nexus-agent: boot step %q failed: %v\n", st.name, err)
 			log.Error().Err(err).Str("step", st.name).Msg("boot step failed")
@@ -78,6 +82,8 @@ func RunInit() {
 			}
 		}
 	}
+
+	log.Info().Dict("took", took).Msg("boot steps")
 
 	reaper := NewReaper()
 	go reaper.Run(nil)

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/IniZio/nexus/pkg/agentproto"
 )
 
 // moduleName is the kernel's name for a module file: its base name without ".ko", '-' as '_'.
@@ -19,8 +21,10 @@ func moduleName(path string) string {
 }
 
 // LoadModules loads every module listed in list (absolute paths in dependency order, one a
-// line; blank lines and #comments skipped), with parameters from the command line. A module
-// already loaded (or built in) is fine. It tries every module and reports all failures.
+// line; blank lines and #comments skipped; those after the agentproto.SharesModulesMarker line
+// only when the command line says the VM has host shares), with parameters from the command
+// line. A module already loaded (or built in) is fine. It tries every module and reports all
+// failures.
 func LoadModules(list string, cmd Cmdline) (loaded int, err error) {
 	f, err := os.Open(list)
 	if err != nil {
@@ -34,6 +38,9 @@ func LoadModules(list string, cmd Cmdline) (loaded int, err error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		path := strings.TrimSpace(sc.Text())
+		if path == agentproto.SharesModulesMarker && cmd.Get(agentproto.CmdlineShares) == "" {
+			break
+		}
 		if path == "" || strings.HasPrefix(path, "#") {
 			continue
 		}

@@ -289,7 +289,9 @@ func (s *Server) configure(c *agentproto.ConfigureRequest) error {
 		if !validHostname(c.Hostname) {
 			return errdefs.Invalid("configure: bad hostname %.70q", c.Hostname)
 		}
-		if s.cfg.SetHostname != nil {
+		// The boot set the name the command line gave; the same again would rewrite /etc/hosts
+		// for nothing.
+		if cur, _ := os.Hostname(); cur != c.Hostname && s.cfg.SetHostname != nil {
 			if err := s.cfg.SetHostname(c.Hostname); err != nil {
 				return fmt.Errorf("configure: hostname: %w", err)
 			}

@@ -5,9 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/IniZio/nexus/pkg/agentproto"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
 	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
 )
@@ -155,12 +157,21 @@ func TestBuild(t *testing.T) {
 		return -1
 	}
 	for _, l := range lines {
+		if l == agentproto.SharesModulesMarker {
+			continue
+		}
 		if !strings.HasPrefix(l, "/lib/modules/"+k.Version+"/") || !strings.HasSuffix(l, ".ko") {
 			t.Errorf("bad module line %q", l)
 		}
 	}
 	if idx("virtio_ring") < 0 || idx("virtio_ring") > idx("virtio_mmio") || idx("jbd2") > idx("ext4") || idx("9pnet") > idx("9pnet_virtio") {
 		t.Errorf("module order wrong:\n%s", mods)
+	}
+	// 9p and what only it needs come after the shares marker: a guest without host shares skips
+	// them.
+	shares := slices.Index(lines, agentproto.SharesModulesMarker)
+	if shares < 0 || idx("ext4") > shares || idx("vsock") > shares || idx("overlay") > shares || idx("9p") < shares || idx("netfs") < shares {
+		t.Errorf("module sections wrong:\n%s", mods)
 	}
 	if idx("af_packet") >= 0 {
 		t.Errorf("built-in af_packet listed")

@@ -256,6 +256,9 @@ func (s *VMSpec) kernelCmdline(accel string, now time.Time) string {
 			t = append(t, "nexus.dns="+s.Net.DNS)
 		}
 	}
+	if len(s.Mounts) > 0 {
+		t = append(t, "nexus.shares=1") // agentproto.CmdlineShares: the guest loads 9p
+	}
 	t = append(t, "nexus.agentport="+AgentPortName)
 	t = append(t, s.Cmdline...)
 	return strings.Join(t, " ")
