@@ -20,15 +20,19 @@ import (
 // maxFields bounds the fields of one head.
 const maxFields = 256
 
+// keptHeadBuffer is the largest head buffer a tunnel keeps for its next head.
+const keptHeadBuffer = 16 << 10
+
 var errHeadTooLarge = errors.New("message head too large")
 
-// malformedError is a head that is not HTTP/1.x; its text is safe to show the guest.
+// malformedError is a head that is not HTTP/1.x; its text is safe to show the guest and to
+// audit: one printable line, anything shaped like a placeholder redacted.
 type malformedError struct{ what string }
 
 func (e *malformedError) Error() string { return "malformed HTTP message: " + e.what }
 
 func malformed(format string, args ...any) error {
-	return &malformedError{fmt.Sprintf(format, args...)}
+	return &malformedError{redactHex64(fmt.Sprintf(format, args...))}
 }
 
 // field is one header field: name and value as sent (value without surrounding spaces).
@@ -48,6 +52,9 @@ type head struct {
 // to skip empty lines before the start line are skipped (RFC 9112 §2.2: a server reading a
 // request should). io.EOF means the peer closed before sending anything.
 func (h *head) read(br *bufio.Reader, limit, skip int) error {
+	if cap(h.buf) > keptHeadBuffer {
+		h.buf = nil // one large head does not pin its buffer for the tunnel's life
+	}
 	h.buf, h.lines, h.fields, h.start = h.buf[:0], h.lines[:0], h.fields[:0], nil
 	for skipped := 0; ; {
 		begin := len(h.buf)
@@ -356,10 +363,13 @@ func asciiEqualFold(b []byte, s string) bool {
 	return true
 }
 
-// safeBytes quotes at most 64 bytes of untrusted input, printable and on one line.
+// safeBytes quotes at most 64 bytes of untrusted input, printable and on one line, with
+// anything shaped like a placeholder redacted first (cutting one short would hide it from the
+// redaction).
 func safeBytes(b []byte) string {
-	if len(b) > 64 {
-		b = b[:64]
+	s := redactHex64(string(b))
+	if len(s) > 64 {
+		s = s[:64]
 	}
-	return strconv.QuoteToASCII(string(b))
+	return strconv.QuoteToASCII(s)
 }

@@ -50,6 +50,7 @@ func TestMalformedRequestsRefused(t *testing.T) {
 		{"chunked HTTP/1.0", "POST / HTTP/1.0\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "chunked body in an HTTP/1.0 message"},
 		{"bad request line", "GET /a b HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, "bad HTTP version"},
 		{"HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, "only HTTP/1.x"},
+		{"placeholder in a bad name", "GET / HTTP/1.1\r\nHost: api.example.com\r\nX " + placeholder + ": 1\r\n\r\n", 400, `invalid header name "X [redacted]"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tc, br := h.tunnelTo(t, "api.example.com")
