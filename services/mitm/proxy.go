@@ -11,9 +11,11 @@
 // audit.Event, handed to the sink off the request path.
 //
 // elazarl/goproxy takes the CONNECT and hands the accepted connection over (ConnectHijack). The
-// proxy then terminates TLS itself and serves the tunnel with one inner net/http server, so the
-// guest's requests are read with net/http's limits (MaxHeaderBytes, header timeout, 100-continue)
-// and forwarded over the tunnel's own upstream connection (upstream.go, forward.go).
+// proxy then terminates TLS itself and serves the tunnel's requests in order (tunnel.go): each
+// head is read into the tunnel's own buffer and checked as strictly as net/http would (head.go,
+// message.go; fuzzed against net/http), bounded in size and time, judged, and forwarded as the
+// guest wrote it less its hop-by-hop fields, with bodies framed by the proxy (wire.go), over the
+// tunnel's own upstream connection (upstream.go, forward.go).
 package mitm
 
 import (
