@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,6 +54,11 @@ func TestOvermindSurvivesKill9(t *testing.T) {
 		for _, s := range socks {
 			exec.Command("tmux", "-S", s, "kill-server").Run()
 		}
+		for _, kv := range e {
+			if home, ok := strings.CutPrefix(kv, "NEXUS_HOME="); ok {
+				killQEMUsUnder(home)
+			}
+		}
 	})
 	pids := waitGreen(t, e, nil)
 	distinct := map[int]bool{}
@@ -83,11 +89,17 @@ func TestOvermindSurvivesKill9(t *testing.T) {
 			}
 		})
 		if !backWithin(t, e, victim, pids[victim], 30*time.Second) {
-			// overmind's auto-restart now and then misses an exit (seen once in about ten runs,
-			// the killed process's pane says "Killed" and nothing more). What is under test is
-			// that the service comes back whole, so restart it the way an operator would.
-			t.Logf("overmind did not restart %s within 30 s of kill -9; restarting it with overmind restart", victim)
-			overmind("restart", victim).Run()
+			// Now and then (about one run in four on this machine) tmux does not reap the dead
+			// pane's shell: it stays a zombie, overmind's kill(pid, 0) keeps succeeding, and
+			// overmind never sees the exit (nor can `overmind restart` help). What is under test
+			// is that the service comes back whole, so do what an operator would: make tmux
+			// reap its child (SIGCHLD to the tmux server), after which overmind restarts it.
+			t.Logf("overmind did not restart %s within 30 s of kill -9 (dead pane not reaped by tmux?); sending tmux SIGCHLD", victim)
+			reapPanes(t, dir)
+			if !backWithin(t, e, victim, pids[victim], 30*time.Second) {
+				t.Logf("still not back; restarting %s with overmind restart", victim)
+				overmind("restart", victim).Run()
+			}
 		}
 		pids = waitGreen(t, e, map[string]int{victim: pids[victim]})
 		testutil.WaitFor(t, 60*time.Second, func() error {
@@ -102,6 +114,34 @@ func TestOvermindSurvivesKill9(t *testing.T) {
 		json.Unmarshal([]byte(out), &list)
 		if len(list) != 1 || list[0].State != api.StateRunning {
 			t.Fatalf("after kill -9 of %s the registry holds %+v", victim, list)
+		}
+	}
+}
+
+// reapPanes sends SIGCHLD to the tmux servers started under dir, so they reap dead panes.
+func reapPanes(t *testing.T, dir string) {
+	socks, _ := filepath.Glob(filepath.Join(dir, "tmux-*", "*"))
+	for _, s := range socks {
+		out, err := exec.Command("tmux", "-S", s, "display-message", "-p", "#{pid}").Output()
+		if pid, perr := strconv.Atoi(strings.TrimSpace(string(out))); err == nil && perr == nil && pid > 1 {
+			syscall.Kill(pid, syscall.SIGCHLD)
+		} else {
+			t.Logf("tmux server pid for %s: %v %q", s, err, out)
+		}
+	}
+}
+
+// killQEMUsUnder ends the QEMU processes whose sandbox files are under dir: when a failed run
+// leaves the stack down, `nexus rm` cannot reach them, and they would outlive the test.
+func killQEMUsUnder(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "qemu-system") || !strings.Contains(string(b), dir+"/") {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 }
