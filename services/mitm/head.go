@@ -46,6 +46,8 @@ type head struct {
 	lines  [][2]int // start and end (without the line end) of each line in buf
 	start  []byte
 	fields []field
+	// hasConnection: a Connection field is present (its tokens name more hop-by-hop fields).
+	hasConnection bool
 }
 
 // read reads one head from br: lines up to the empty one that ends it, limit bytes at most. Up
@@ -55,7 +57,7 @@ func (h *head) read(br *bufio.Reader, limit, skip int) error {
 	if cap(h.buf) > keptHeadBuffer {
 		h.buf = nil // one large head does not pin its buffer for the tunnel's life
 	}
-	h.buf, h.lines, h.fields, h.start = h.buf[:0], h.lines[:0], h.fields[:0], nil
+	h.buf, h.lines, h.fields, h.start, h.hasConnection = h.buf[:0], h.lines[:0], h.fields[:0], nil, false
 	for skipped := 0; ; {
 		begin := len(h.buf)
 		for {
@@ -102,8 +104,16 @@ func (h *head) read(br *bufio.Reader, limit, skip int) error {
 			return err
 		}
 		h.fields = append(h.fields, f)
+		h.hasConnection = h.hasConnection || f.is("Connection")
 	}
 	return nil
+}
+
+// wantsClose reports whether the sender closes the connection after this message: it said
+// Connection: close, or it speaks HTTP/1.0 and did not say keep-alive.
+func (h *head) wantsClose(minor int) bool {
+	return h.hasConnection && h.hasToken("Connection", "close") ||
+		minor == 0 && !(h.hasConnection && h.hasToken("Connection", "keep-alive"))
 }
 
 // parseField splits "name: value" with the checks of RFC 9110 §5: a token name directly followed
@@ -200,6 +210,19 @@ func (h *head) messageFraming(http10 bool) (bodyFraming, error) {
 	return f, err
 }
 
+// body is the reader of a body framed by f from br: chunked (its trailer read at the end) or of
+// f.length bytes; nil when the length is zero.
+func (f bodyFraming) body(br *bufio.Reader) (io.Reader, *chunkedBody) {
+	switch {
+	case f.chunked:
+		c := newChunkedBody(br)
+		return c, c
+	case f.length > 0:
+		return &lengthBody{r: br, left: f.length}, nil
+	}
+	return nil, nil
+}
+
 func parseLength(v []byte) (int64, error) {
 	if len(v) == 0 || len(v) > 18 {
 		return 0, errors.New("bad length")
@@ -276,8 +299,6 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 			}
 		}
 		b.done = true
-	} else if err != nil && errors.Is(err, io.ErrUnexpectedEOF) {
-		return n, io.ErrUnexpectedEOF
 	}
 	return n, err
 }

@@ -25,7 +25,6 @@ type request struct {
 	expectContinue bool
 	upgrade        string // the protocol asked for with Connection: upgrade
 	teTrailers     bool
-	hasConnection  bool // a Connection field is present: its tokens name more hop-by-hop fields
 
 	// Set by judge: the Authorization value sent instead of the guest's, or none at all.
 	auth      string
@@ -88,8 +87,6 @@ func (r *request) read(br *bufio.Reader) error {
 		case f.is("Host"):
 			hosts++
 			r.host = string(f.value)
-		case f.is("Connection"):
-			r.hasConnection = true
 		case f.is("Expect"):
 			r.expectContinue = minor >= 1 && asciiEqualFold(f.value, "100-continue")
 		case f.is("Te"):
@@ -106,19 +103,15 @@ func (r *request) read(br *bufio.Reader) error {
 		}
 		r.upgrade = string(up)
 	}
-	r.close = r.hasConnection && r.hasToken("Connection", "close") ||
-		minor == 0 && !(r.hasConnection && r.hasToken("Connection", "keep-alive"))
+	r.close = r.wantsClose(minor)
 	frame, err := r.messageFraming(minor == 0)
 	if err != nil {
 		return err
 	}
 	r.frame = frame
-	switch {
-	case frame.chunked:
-		r.chunk = newChunkedBody(br)
-		r.body = r.chunk
-	case frame.length > 0:
-		r.body = &lengthBody{r: br, left: frame.length}
+	// A request without a length or chunks has no body (RFC 9112 §6.3).
+	if frame.chunked || frame.length > 0 {
+		r.body, r.chunk = frame.body(br)
 	}
 	return nil
 }
@@ -148,7 +141,7 @@ func methodString(b []byte) string {
 
 // hopField reports whether a field belongs to the guest's connection to the proxy (or to the
 // framing the proxy writes itself) and so is not forwarded.
-func (h *head) hopField(f field, hasConnection bool) bool {
+func (h *head) hopField(f field) bool {
 	for _, name := range hopHeaders {
 		if f.is(name) {
 			return true
@@ -157,7 +150,7 @@ func (h *head) hopField(f field, hasConnection bool) bool {
 	if f.is("Content-Length") || f.is("Expect") {
 		return true
 	}
-	return hasConnection && h.hasToken("Connection", string(f.name))
+	return h.hasConnection && h.hasToken("Connection", string(f.name))
 }
 
 // httpRequest is the request as net/http would have parsed it, for a request policy (which may
@@ -207,8 +200,7 @@ type response struct {
 	body   io.Reader // nil when the answer has no body
 	chunk  *chunkedBody
 	// close: the host closes the connection after this answer (or its body ends with it).
-	close         bool
-	hasConnection bool
+	close bool
 }
 
 // read reads the host's final answer to a request of the given method: informational answers
@@ -258,14 +250,7 @@ func (r *response) readOne(br *bufio.Reader, method string) error {
 		return malformed("bad status code")
 	}
 	r.reason, r.minor = reason, minor
-	for _, f := range r.fields {
-		if f.is("Connection") {
-			r.hasConnection = true
-			break
-		}
-	}
-	r.close = r.hasConnection && r.hasToken("Connection", "close") ||
-		minor == 0 && !(r.hasConnection && r.hasToken("Connection", "keep-alive"))
+	r.close = r.wantsClose(minor)
 	r.noBody = method == http.MethodHead || r.status < 200 || r.status == http.StatusNoContent || r.status == http.StatusNotModified
 	if r.noBody {
 		return nil
@@ -275,15 +260,10 @@ func (r *response) readOne(br *bufio.Reader, method string) error {
 		return err
 	}
 	r.frame = frame
-	switch {
-	case frame.chunked:
-		r.chunk = newChunkedBody(br)
-		r.body = r.chunk
-	case frame.length > 0:
-		r.body = &lengthBody{r: br, left: frame.length}
-	case frame.length == 0:
-	default: // delimited by the end of the connection
+	if !frame.chunked && frame.length < 0 { // delimited by the end of the connection
 		r.body, r.close = br, true
+		return nil
 	}
+	r.body, r.chunk = frame.body(br)
 	return nil
 }

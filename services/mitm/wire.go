@@ -30,7 +30,7 @@ func writeRequest(bw *bufio.Writer, req *request, sess *session) error {
 				writeFieldBytes(bw, f.name, f.value)
 			}
 			continue
-		case req.hopField(f, req.hasConnection):
+		case req.hopField(f):
 			continue
 		case f.is("Host"):
 			hasHost = true
@@ -127,7 +127,7 @@ func writeResponseHead(bw *bufio.Writer, resp *response, f framing) {
 				writeFieldBytes(bw, fl.name, fl.value)
 			}
 			continue
-		case resp.hopField(fl, resp.hasConnection):
+		case resp.hopField(fl):
 			continue
 		}
 		writeFieldBytes(bw, fl.name, fl.value)
