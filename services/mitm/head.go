@@ -173,16 +173,21 @@ func (h *head) hasToken(name, token string) bool {
 	return found
 }
 
-// bodyFraming is how a message delimits its body on the wire.
+// bodyFraming is how a message delimits its body on the wire: by its length, chunked, or (a
+// body relayed to an HTTP/1.0 guest) by closing the connection; none of these for no body.
 type bodyFraming struct {
 	length  int64 // >= 0: this many bytes; -1: not by length
 	chunked bool
+	close   bool
 }
+
+// noFraming is the framing of a message without a body.
+var noFraming = bodyFraming{length: -1}
 
 // messageFraming reads the framing fields of a head (RFC 9112 §6): Transfer-Encoding, which must
 // be "chunked" alone, wins over Content-Length; several lengths must agree.
 func (h *head) messageFraming(http10 bool) (bodyFraming, error) {
-	f := bodyFraming{length: -1}
+	f := noFraming
 	te := 0
 	var err error
 	for _, fl := range h.fields {

@@ -99,20 +99,9 @@ func sendsZeroLength(method string) bool {
 	return false
 }
 
-// framing is how a relayed body is delimited for the guest: by its length (>= 0), chunked, or
-// by closing the connection; none of these for an answer without a body.
-type framing struct {
-	length  int64
-	chunked bool
-	close   bool
-}
-
-// noFraming is the framing of an answer without a body.
-var noFraming = framing{length: -1}
-
 // writeResponseHead writes the host's answer's status line and fields, less the hop-by-hop ones,
 // and the framing the relay chose (buffered).
-func writeResponseHead(bw *bufio.Writer, resp *response, f framing) {
+func writeResponseHead(bw *bufio.Writer, resp *response, f bodyFraming) {
 	writeStatusLine(bw, resp.status, resp.reason)
 	for _, fl := range resp.fields {
 		switch {
