@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // TestBootRemovedMeanwhile: a sandbox removed (rm --force) while its VM is starting makes the

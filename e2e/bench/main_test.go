@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/bus"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 var (

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/audit"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // curlResult is what curl in the guest got.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/audit"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // create boots a sandbox labelled for cleanup and removes it when t ends.

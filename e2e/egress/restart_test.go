@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // TestRestartKeepsPerimeter kills the whole stack (-9) and restarts it: running guests keep their

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gitrelay"
 	"github.com/IniZio/nexus/pkg/audit"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 const refusedMain = "nexus: refused: ref refs/heads/main not in allowed branches"

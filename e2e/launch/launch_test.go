@@ -19,8 +19,8 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // launched lists the sandboxes `agent launch` made (project launch), in any state.

@@ -7,7 +7,7 @@ package launch_test
 import (
 	"testing"
 
-	"github.com/IniZio/nexus/pkg/testutil"
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 var stack *testutil.Stack

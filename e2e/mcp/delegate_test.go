@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IniZio/nexus/pkg/testutil"
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 type worktreeResult struct {

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IniZio/nexus/pkg/testutil"
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 var (

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/portfwd"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // The whole stack runs once for the package, as separate `nexus serve` processes (the

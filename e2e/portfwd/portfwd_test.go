@@ -18,8 +18,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/portfwd"
-	"github.com/IniZio/nexus/pkg/testutil"
 	"github.com/IniZio/nexus/services/portfwd"
 )
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // TestOvermindSurvivesKill9 runs the Procfile under overmind, one process per service, and

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // create boots a nexus-mini sandbox labelled for cleanup and removes it when t ends.

@@ -5,7 +5,7 @@ package vmm_test
 import (
 	"testing"
 
-	"github.com/IniZio/nexus/pkg/testutil"
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 var stack *testutil.Stack

@@ -20,12 +20,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/IniZio/nexus/gateway"
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/stream"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // stack is a bus, the real gateway and (optionally) a fake vmm, with an MCP client driving an

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/stream"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 func TestStreamDeliversInOrderUnderCredit(t *testing.T) {

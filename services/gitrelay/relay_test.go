@@ -20,12 +20,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 	api "github.com/IniZio/nexus/pkg/api/gitrelay"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/home"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // The relay tests run the service on a real bus (as the gitrelay user, so its permissions are

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IniZio/nexus/pkg/testutil"
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 // The benchmarks compare a forward (host port → portfwd → unix hybrid-vsock socket → fake

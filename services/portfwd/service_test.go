@@ -21,11 +21,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/agentproto"
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 	api "github.com/IniZio/nexus/pkg/api/portfwd"
 	"github.com/IniZio/nexus/pkg/bus"
-	"github.com/IniZio/nexus/pkg/testutil"
 )
 
 // stack is a bus, a running portfwd service, and connections as the vmm (listener sets) and
