@@ -98,9 +98,6 @@ var versionRe = regexp.MustCompile(`[0-9]+\.[0-9]+\.[0-9]+`)
 // Version is QEMU's version, e.g. 7.2.22.
 func (d *Driver) Version() string { return d.version }
 
-// Binary is the absolute path of the QEMU binary.
-func (d *Driver) Binary() string { return d.binary }
-
 // lastLines returns the last non-empty line of a log file, bounded, for error messages.
 func lastLine(path string) string {
 	b, err := os.ReadFile(path)

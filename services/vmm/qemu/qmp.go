@@ -232,9 +232,6 @@ func (q *QMP) PortOpened(ctx context.Context) <-chan struct{} {
 	return out
 }
 
-// Done is closed when the connection ends (QEMU exited or Close was called).
-func (q *QMP) Done() <-chan struct{} { return q.done }
-
 // Execute runs one command and returns its "return" value. args may be nil.
 func (q *QMP) Execute(ctx context.Context, command string, args any) (json.RawMessage, error) {
 	id := strconv.FormatUint(q.nextID.Add(1), 10)

@@ -282,25 +282,6 @@ func (vm *VM) Status(ctx context.Context) (string, error) {
 	return s.Status, nil
 }
 
-// SystemPowerdown presses the ACPI power button; the guest decides what to do.
-func (vm *VM) SystemPowerdown(ctx context.Context) error {
-	_, err := vm.QMP.Execute(ctx, "system_powerdown", nil)
-	return err
-}
-
-// Quit asks QEMU to exit at once (no guest shutdown) and waits for it.
-func (vm *VM) Quit(ctx context.Context) error {
-	if _, err := vm.QMP.Execute(ctx, "quit", nil); err != nil && !errors.Is(err, ErrQMPClosed) {
-		return err
-	}
-	select {
-	case <-vm.done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("quit %s: %w", vm.ID, ctx.Err())
-	}
-}
-
 // Kill sends SIGKILL and waits until the process is gone.
 func (vm *VM) Kill() error {
 	if vm.Exited() {
