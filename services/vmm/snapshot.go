@@ -17,9 +17,11 @@ import (
 
 	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/guest"
 	"github.com/IniZio/nexus/services/vmm/image"
+	"github.com/IniZio/nexus/services/vmm/internal/fsutil"
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
@@ -149,7 +151,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
 	b, _ := json.MarshalIndent(info, "", "  ")
-	if err := writeFileSync(metaFile(tmp), b); err != nil {
+	if err := atomicfile.WriteFile(metaFile(tmp), b, 0o600); err != nil {
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -159,7 +161,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
 	committed = true
-	syncDir(s.cfg.Home.Snapshots())
+	fsutil.SyncDir(s.cfg.Home.Snapshots())
 	s.log.Info().Str("sandbox", m.name).Str("snapshot", r.Snapshot).Int64("paused_ms", info.PausedMillis).
 		Int64("ram_data", info.RAMDataBytes).Msg("snapshot created")
 	return info, nil
@@ -171,19 +173,19 @@ func (s *Service) capture(ctx context.Context, m *machine, spec qemu.VMSpec, dir
 		return err
 	}
 	// After the migration QEMU has flushed and released the disks; the RAM file is quiescent.
-	n, err := copySparse(m.vm.RAMPath(), ramFile(dir))
+	n, err := fsutil.CopySparse(m.vm.RAMPath(), ramFile(dir))
 	if err != nil {
 		return fmt.Errorf("ram: %w", err)
 	}
 	info.RAMDataBytes = n
-	if _, err := copySparse(spec.Disk, diskFile(dir)); err != nil {
+	if _, err := fsutil.CopySparse(spec.Disk, diskFile(dir)); err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
 	for i, d := range spec.ExtraDisks {
 		if err := os.MkdirAll(filepath.Join(dir, "volumes"), 0o700); err != nil {
 			return err
 		}
-		if _, err := copySparse(d.Path, snapVolume(dir, info.Volumes[i].Name)); err != nil {
+		if _, err := fsutil.CopySparse(d.Path, snapVolume(dir, info.Volumes[i].Name)); err != nil {
 			return fmt.Errorf("volume %s: %w", info.Volumes[i].Name, err)
 		}
 	}
@@ -355,10 +357,10 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 		return api.StartResponse{}, wrap("disk", err)
 	}
 	disk := filepath.Join(dir, "disk.qcow2")
-	if err := writeFileSync(filepath.Join(dir, imageFile), []byte(info.Image+"\n")); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, imageFile), []byte(info.Image+"\n"), 0o600); err != nil {
 		return api.StartResponse{}, wrap("disk", err)
 	}
-	if err := writeFileSync(filepath.Join(dir, snapshotFile), []byte(r.Snapshot+"\n")); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, snapshotFile), []byte(r.Snapshot+"\n"), 0o600); err != nil {
 		return api.StartResponse{}, wrap("disk", err)
 	}
 	if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", diskFile(sdir), disk).CombinedOutput(); err != nil {
@@ -384,7 +386,7 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return api.StartResponse{}, wrap("volumes", err)
 		}
-		if _, err := copySparse(snapVolume(sdir, v.Name), dst); err != nil {
+		if _, err := fsutil.CopySparse(snapVolume(sdir, v.Name), dst); err != nil {
 			return api.StartResponse{}, wrap("volumes", err)
 		}
 		spec.ExtraDisks = append(spec.ExtraDisks, qemu.Disk{Path: dst, Format: "raw"})
@@ -550,72 +552,6 @@ func (s *Service) cleanSnapshotTemps() {
 	}
 }
 
-// copySparse copies src to a new file dst: a reflink where the filesystem has them, otherwise
-// skipping holes (SEEK_DATA/SEEK_HOLE) with copy_file_range where the kernel offers it. It
-// returns the bytes of data copied (src's length for a reflink); dst has src's length.
-func copySparse(src, dst string) (int64, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return 0, err
-	}
-	defer in.Close()
-	fi, err := in.Stat()
-	if err != nil {
-		return 0, err
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return 0, err
-	}
-	size := fi.Size()
-	var copied int64
-	fail := func(err error) (int64, error) {
-		out.Close()
-		os.Remove(dst)
-		return 0, err
-	}
-	// A reflink (btrfs, xfs) shares the blocks copy-on-write: constant time whatever the size.
-	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
-		return size, out.Close()
-	}
-	if err := out.Truncate(size); err != nil {
-		return fail(err)
-	}
-	fd := int(in.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			return fail(err)
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fail(err)
-		}
-		if _, err := in.Seek(data, io.SeekStart); err != nil {
-			return fail(err)
-		}
-		if _, err := out.Seek(data, io.SeekStart); err != nil {
-			return fail(err)
-		}
-		n, err := out.ReadFrom(io.LimitReader(in, hole-data))
-		copied += n
-		if err != nil {
-			return fail(err)
-		}
-		if n != hole-data {
-			return fail(fmt.Errorf("copy %s: short copy", src))
-		}
-		off = hole
-	}
-	if err := out.Sync(); err != nil {
-		return fail(err)
-	}
-	return copied, out.Close()
-}
-
 // capped keeps the first max bytes written to it and drops the rest.
 type capped struct {
 	strings.Builder
@@ -627,20 +563,4 @@ func (c *capped) Write(p []byte) (int, error) {
 		c.Builder.Write(p[:min(len(p), room)])
 	}
 	return len(p), nil
-}
-
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(b)
-	return errors.Join(werr, f.Sync(), f.Close())
-}
-
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
