@@ -12,10 +12,16 @@ APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fs
 	openssh-server openssh-client git curl ca-certificates socat
 # Peers that benchmarks compare against.
 BENCH_PKGS := passt mitmproxy iperf3
-# Packages with VMs are tested one at a time; everything else in parallel with -race.
-VM_PKGS := ./services/vmm/... ./e2e/...
+# Packages with VMs are tested one at a time without -race; everything else in parallel with
+# -race. A VM package is one under e2e/ or one whose tests import VM_TEST_HELPER (they boot QEMU
+# or fetch the guest kernel); UNIT_PKGS is every other package, so none is left out of both.
+VM_TEST_HELPER := github.com/IniZio/nexus/services/vmm/internal/vmtest
+LIST_TEST_IMPORTS = $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' ./...
+IS_VM_PKG = $$1 ~ /\/e2e\// || / $(subst /,\/,$(VM_TEST_HELPER))( |$$)/
+VM_PKGS = $$($(LIST_TEST_IMPORTS) | awk '$(IS_VM_PKG) {print $$1}')
+UNIT_PKGS = $$($(LIST_TEST_IMPORTS) | awk '!($(IS_VM_PKG)) {print $$1}')
 
-.PHONY: all build deps apt run test test-unit test-vm bench clean
+.PHONY: all build deps apt run test test-unit test-vm list-test-pkgs bench clean
 
 all: build
 
@@ -41,10 +47,15 @@ run: deps build
 test: deps build test-unit test-vm
 
 test-unit:
-	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /services/vmm -e /e2e)
+	$(GO) test -race -count=1 -timeout 15m $(UNIT_PKGS)
 
 test-vm:
 	$(GO) test -count=1 -p 1 -timeout 40m $(VM_PKGS)
+
+# list-test-pkgs prints which packages test-unit and test-vm run.
+list-test-pkgs:
+	@echo "unit:" $(UNIT_PKGS)
+	@echo "vm:" $(VM_PKGS)
 
 bench: deps build
 	@$(MAKE) --no-print-directory apt PKGS="$(BENCH_PKGS)"
