@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -234,5 +233,3 @@ func hostIs(host string) func(audit.Event) bool {
 func ruleIs(rule string) func(audit.Event) bool {
 	return func(ev audit.Event) bool { return ev.Rule == rule }
 }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -324,11 +324,6 @@ func (b *continueBody) Read(p []byte) (int, error) {
 	return b.r.Read(p)
 }
 
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
 // prefixConn replays the byte read to tell TLS from plain HTTP before reading on.
 type prefixConn struct {
 	net.Conn

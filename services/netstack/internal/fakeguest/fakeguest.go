@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/miekg/dns"
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -364,18 +363,3 @@ func (r *bytesReader) Len() int { return len(r.b) }
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
-
-// WaitAttached polls until f succeeds or the deadline passes; for tests that need the gateway up.
-func WaitAttached(ctx context.Context, f func() error) error {
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
