@@ -3,9 +3,9 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 export NEXUS_HOME ?= $(HOME)/.local/share/nexus
-# Tests run in temp homes but share one download cache (kernel, debs, images' inputs).
+# Tests run in temp homes but share one download cache (kernel, debs, images' inputs;
+# internal/testutil.CacheDir), the stacks they start too.
 export NEXUS_CACHE ?= $(NEXUS_HOME)/cache
-export NEXUS_TEST_CACHE ?= $(NEXUS_CACHE)/test
 export NEXUS_BIN_DIR := $(CURDIR)/bin
 # apt packages the stack and its tests need; installed only when missing.
 APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fsprogs tmux \

@@ -177,7 +177,7 @@ func bootDirect(b *testing.B, id string, netdev []string) shell {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	k, err := kernel.Ensure(ctx, testutil.SharedCache(), nil)
+	k, err := kernel.Ensure(ctx, testutil.CacheDir(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func bootDirect(b *testing.B, id string, netdev []string) shell {
 	if err != nil {
 		b.Fatal(err)
 	}
-	initrd, err := initramfs.Build(k, filepath.Join(bin, "nexus-agent"), initramfs.DefaultModules, filepath.Join(testutil.SharedCache(), "initramfs"))
+	initrd, err := initramfs.Build(k, filepath.Join(bin, "nexus-agent"), initramfs.DefaultModules, filepath.Join(testutil.CacheDir(), "initramfs"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func bootDirect(b *testing.B, id string, netdev []string) shell {
 	if err := image.NewOverlay(base.Path, disk); err != nil {
 		b.Fatal(err)
 	}
-	d, err := qemu.New(qemu.Config{Accel: os.Getenv("NEXUS_ACCEL"), CacheDir: testutil.SharedCache(), Logger: zerolog.Nop()})
+	d, err := qemu.New(qemu.Config{Accel: os.Getenv("NEXUS_ACCEL"), CacheDir: testutil.CacheDir(), Logger: zerolog.Nop()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func BenchmarkBoot(b *testing.B) {
 	ctx := context.Background()
 	var bare, full time.Duration
 	b.Run("bare-qemu-to-init", func(b *testing.B) {
-		k, err := kernel.Ensure(ctx, testutil.SharedCache(), nil)
+		k, err := kernel.Ensure(ctx, testutil.CacheDir(), nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -31,7 +31,7 @@ func BenchmarkBoot(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		d, err := qemu.New(qemu.Config{Accel: qemu.AccelTCG, CacheDir: testutil.SharedCache()})
+		d, err := qemu.New(qemu.Config{Accel: qemu.AccelTCG, CacheDir: testutil.CacheDir()})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -195,7 +195,7 @@ func TestInspectorCLI(t *testing.T) {
 		}
 		t.Skip("npx not installed")
 	}
-	cache := filepath.Join(testutil.SharedCache(), "npm")
+	cache := filepath.Join(testutil.CacheDir(), "npm")
 	os.MkdirAll(cache, 0o755)
 	inspector := func(args ...string) string {
 		t.Helper()

@@ -92,7 +92,7 @@ func startStack() (*stack, error) {
 	for _, d := range []string{"home", "nexus", "logs"} {
 		os.MkdirAll(filepath.Join(root, d), 0o700)
 	}
-	cache := testutil.SharedCache()
+	cache := testutil.CacheDir()
 	busPort, err := freeTCPPort()
 	if err != nil {
 		return s, err

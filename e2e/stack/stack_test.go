@@ -44,7 +44,7 @@ func env(t *testing.T) []string {
 		out = append(out, kv)
 	}
 	return append(out, "HOME="+filepath.Join(root, "home"), "NEXUS_HOME="+filepath.Join(root, "nexus"),
-		"NEXUS_BUS_PORT="+strconv.Itoa(port), "NEXUS_CACHE="+testutil.SharedCache())
+		"NEXUS_BUS_PORT="+strconv.Itoa(port), "NEXUS_CACHE="+testutil.CacheDir())
 }
 
 func freePort(t *testing.T) int {

@@ -23,36 +23,6 @@ import (
 	"github.com/IniZio/nexus/pkg/home"
 )
 
-// SharedCache is where tests cache downloads (kernel, debs, images) across packages and runs;
-// $NEXUS_CACHE overrides it.
-func SharedCache() string {
-	if v := os.Getenv(home.CacheEnv); v != "" {
-		return v
-	}
-	return "/var/cache/nexus-test"
-}
-
-// RequireQEMU skips a test that needs QEMU when it is missing, and fails it under CI.
-func RequireQEMU(t testing.TB) {
-	t.Helper()
-	if err := QEMUAvailable(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI needs QEMU: %v", err)
-		}
-		t.Skipf("QEMU not available: %v", err)
-	}
-}
-
-// QEMUAvailable reports whether the QEMU binaries the vmm needs are installed.
-func QEMUAvailable() error {
-	for _, b := range []string{"qemu-system-x86_64", "qemu-img"} {
-		if _, err := exec.LookPath(b); err != nil {
-			return fmt.Errorf("%s not found (apt-get install qemu-system-x86 qemu-utils)", b)
-		}
-	}
-	return nil
-}
-
 var buildOnce struct {
 	sync.Once
 	dir string
@@ -147,7 +117,7 @@ func StartStack(extraEnv ...string) (*Stack, error) {
 		}
 		env = append(env, kv)
 	}
-	s.Env = append(env, "HOME="+hh, home.Env+"="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), home.CacheEnv+"="+SharedCache())
+	s.Env = append(env, "HOME="+hh, home.Env+"="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), home.CacheEnv+"="+CacheDir())
 	s.Env = append(s.Env, extraEnv...)
 	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", port)
 	if err := s.start(); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/audit"
 )
@@ -197,7 +198,7 @@ func BenchmarkMITMWarm(b *testing.B) {
 	b.StopTimer()
 	report(b, n, ours, lat)
 	b.ReportMetric(theirs.Seconds()/ours.Seconds(), "x-passthrough")
-	waitFor(b, 10*time.Second, func() error {
+	testutil.WaitFor(b, 10*time.Second, func() error {
 		if events.Load() < n {
 			return fmt.Errorf("%d of %d audit events", events.Load(), n)
 		}
@@ -290,7 +291,7 @@ func BenchmarkMitmproxy(b *testing.B) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	caFile := filepath.Join(conf, "mitmproxy-ca-cert.pem")
-	waitFor(b, 30*time.Second, func() error {
+	testutil.WaitFor(b, 30*time.Second, func() error {
 		if _, err := os.Stat(caFile); err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
@@ -66,22 +67,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// waitFor polls cond until it returns nil or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %v", timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 type harness struct {
@@ -208,7 +193,7 @@ func (h *harness) events(pred func(audit.Event) bool) []audit.Event {
 func (h *harness) waitEvent(t testing.TB, pred func(audit.Event) bool) audit.Event {
 	t.Helper()
 	var got audit.Event
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		evs := h.events(pred)
 		if len(evs) == 0 {
 			b, _ := json.Marshal(h.rec.all())

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
@@ -143,7 +144,7 @@ func TestPlaceholderLeak(t *testing.T) {
 	if ev.Decision != audit.Deny || ev.Host != "other.example.com" || ev.Status != 403 || ev.Swapped {
 		t.Fatalf("leak event %+v", ev)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		if n := len(h.events(ruleIs(RulePlaceholderLeak))); n != len(cases) {
 			return fmt.Errorf("%d placeholder_leak events, want %d", n, len(cases))
 		}
@@ -294,7 +295,7 @@ func TestNoSecretInLogsOrAudit(t *testing.T) {
 	get(t, c, "https://other.example.com/x?q="+placeholder, map[string]string{"Authorization": "Bearer " + placeholder})
 	get(t, c, "https://evil.example.com/x?q="+placeholder, map[string]string{"Authorization": "Bearer " + placeholder})
 	h.client(t, testSandbox, "wrong").Get("https://api.example.com/")
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		if n := len(h.rec.all()); n < 4 {
 			return fmt.Errorf("%d events", n)
 		}

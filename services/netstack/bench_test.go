@@ -16,6 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	netstackapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/services/netstack"
@@ -148,7 +149,7 @@ func upstreamGvproxy(b *testing.B, serverAddr string) benchTarget {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	waitFor(b, 10*time.Second, func() error { _, err := os.Stat(sock); return err })
+	testutil.WaitFor(b, 10*time.Second, func() error { _, err := os.Stat(sock); return err })
 	g, err := fakeguest.Dial(context.Background(), sock, fakeguest.Options{GatewayMAC: "5a:94:ef:e4:0c:dd"})
 	if err != nil {
 		b.Fatal(err)

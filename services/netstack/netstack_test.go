@@ -24,6 +24,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	netstackapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
@@ -62,7 +63,7 @@ func (l *eventLog) all() []audit.Event {
 func (l *eventLog) waitEvent(t *testing.T, want audit.Event) audit.Event {
 	t.Helper()
 	var found audit.Event
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		for _, ev := range l.all() {
 			if matches(ev, want) {
 				found = ev
@@ -86,21 +87,6 @@ func matches(ev, want audit.Event) bool {
 		(want.Decision == "" || ev.Decision == want.Decision) &&
 		(want.Rule == "" || ev.Rule == want.Rule) &&
 		(want.Reason == "" || strings.Contains(ev.Reason, want.Reason))
-}
-
-func waitFor(t testing.TB, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // upstreams are the loopback servers a test network reaches.
@@ -542,7 +528,7 @@ func TestAllowAllExpires(t *testing.T) {
 	}
 	e.log.waitEvent(t, audit.Event{Layer: "l4", Proto: "tcp", Port: 8080, Decision: "allow", Rule: "allow-all"})
 	// Poll until the window has passed: connections are then refused and audited.
-	waitFor(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		if _, err := e.httpGet(t, netip.AddrPortFrom(ip, 8080), "api.test"); err == nil {
 			return errors.New("still allowed")
 		}
@@ -618,7 +604,7 @@ func TestGuestReconnectAndRemove(t *testing.T) {
 	e.guest.Close()
 	e.attach(t)
 	var body string
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		var err error
 		body, err = e.httpGet(t, netip.AddrPortFrom(ip, 8080), "api.test")
 		return err

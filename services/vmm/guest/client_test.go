@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/agentproto"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/agent"
@@ -398,7 +399,7 @@ func TestHybridVsock(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctxT(t))
 	done := make(chan error, 1)
 	go func() { done <- guest.ServeHybridVsock(ctx, h.client, vs, "") }()
-	waitFor(t, 5*time.Second, func() error { _, err := os.Stat(vs); return err })
+	testutil.WaitFor(t, 5*time.Second, func() error { _, err := os.Stat(vs); return err })
 
 	// Good line.
 	conn, err := net.Dial("unix", vs)
@@ -532,21 +533,6 @@ func TestShutdownCallsPowerOff(t *testing.T) {
 	case <-off:
 	case <-time.After(10 * time.Second):
 		t.Fatal("power off not called")
-	}
-}
-
-func waitFor(t testing.TB, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", d, err)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

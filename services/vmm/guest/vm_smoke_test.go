@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/agentproto"
 	"github.com/IniZio/nexus/services/vmm/guest"
 )
@@ -62,7 +63,7 @@ func TestVMSmoke(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	waitFor(t, 30*time.Second, func() error { _, err := os.Stat(sock); return err })
+	testutil.WaitFor(t, 30*time.Second, func() error { _, err := os.Stat(sock); return err })
 	c, err := guest.Dial(ctx, sock)
 	if err != nil {
 		t.Fatalf("dial: %v", err)

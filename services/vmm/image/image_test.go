@@ -15,7 +15,6 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/services/vmm/image"
-	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
 )
 
 func tempHome(t *testing.T) home.Dir {
@@ -176,7 +175,7 @@ func TestMini(t *testing.T) {
 }
 
 // TestBase builds nexus-base with debootstrap (~1 min). Its home is shared between runs under
-// the test cache (vmtest.CacheDir()/home-base) so debootstrap's debs stay cached; the image is
+// the test cache (testutil.CacheDir()/test/home-base) so debootstrap's debs stay cached; the image is
 // rebuilt every run.
 func TestBase(t *testing.T) {
 	if testing.Short() {
@@ -186,7 +185,7 @@ func TestBase(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("debootstrap needs root")
 	}
-	h := home.Dir(filepath.Join(vmtest.CacheDir(), "home-base"))
+	h := home.Dir(filepath.Join(testutil.CacheDir(), "test", "home-base"))
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -229,7 +228,7 @@ func TestAgentBase(t *testing.T) {
 		t.Skip("debootstrap needs root")
 	}
 	// The shared download cache keeps debs and npm downloads (and the built image) across runs.
-	t.Setenv(home.CacheEnv, testutil.SharedCache())
+	t.Setenv(home.CacheEnv, testutil.CacheDir())
 	h := home.Dir(t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
 	"github.com/IniZio/nexus/services/vmm/kernel"
@@ -30,7 +31,7 @@ func TestEnsureCached(t *testing.T) {
 	k := vmtest.Kernel(t)
 	var steps []string
 	start := time.Now()
-	k2, err := kernel.Ensure(context.Background(), vmtest.CacheDir(), func(s string, _ float64) { steps = append(steps, s) })
+	k2, err := kernel.Ensure(context.Background(), testutil.CacheDir(), func(s string, _ float64) { steps = append(steps, s) })
 	if err != nil {
 		t.Fatal(err)
 	}

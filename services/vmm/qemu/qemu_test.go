@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/services/vmm/image"
@@ -27,7 +28,7 @@ import (
 
 func newDriver(t testing.TB, accel string) *qemu.Driver {
 	t.Helper()
-	vmtest.RequireQEMU(t)
+	testutil.RequireQEMU(t)
 	d, err := qemu.New(qemu.Config{Accel: accel, CacheDir: t.TempDir(), Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +46,7 @@ func bootKernel(k *kernel.Kernel) string {
 // testInitramfs builds the test init with the default module set into the shared cache.
 func testInitramfs(t testing.TB, k *kernel.Kernel) string {
 	t.Helper()
-	p, err := initramfs.Build(k, vmtest.TestInit(t), initramfs.DefaultModules, filepath.Join(vmtest.CacheDir(), "initramfs"))
+	p, err := initramfs.Build(k, vmtest.TestInit(t), initramfs.DefaultModules, filepath.Join(testutil.CacheDir(), "initramfs"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func console(dir string) string {
 
 func waitConsole(t *testing.T, vm *qemu.VM, want string, timeout time.Duration) {
 	t.Helper()
-	vmtest.WaitFor(t, timeout, func() error {
+	testutil.WaitFor(t, timeout, func() error {
 		if strings.Contains(console(vm.Dir), want) {
 			return nil
 		}
@@ -220,7 +221,7 @@ func TestLifecycle(t *testing.T) {
 	if s, err := vm.Status(ctx); err != nil || s != "running" {
 		t.Fatalf("status after resume = %q, %v", s, err)
 	}
-	vmtest.WaitFor(t, 30*time.Second, func() error {
+	testutil.WaitFor(t, 30*time.Second, func() error {
 		if len(console(dir)) > before {
 			return nil
 		}
@@ -245,7 +246,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
 		// Our first handle's goroutine reaps the child; give it a moment.
-		vmtest.WaitFor(t, 5*time.Second, func() error {
+		testutil.WaitFor(t, 5*time.Second, func() error {
 			if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
 				return nil
 			}
@@ -319,7 +320,7 @@ func TestStartValidation(t *testing.T) {
 // TestAcceleratorProbeCached: auto mode probes KVM with a real boot once, then answers from
 // accel.json without booting.
 func TestAcceleratorProbeCached(t *testing.T) {
-	vmtest.RequireQEMU(t)
+	testutil.RequireQEMU(t)
 	k := vmtest.Kernel(t)
 	cache := t.TempDir()
 	d1, err := qemu.New(qemu.Config{Accel: qemu.AccelAuto, CacheDir: cache})

@@ -1,8 +1,6 @@
-// Package vmtest holds helpers for tests that boot real QEMU guests.
-//
-// Downloads and slow builds are shared between test runs in CacheDir (/tmp/nexus-test-cache, or
-// $NEXUS_TEST_CACHE): the guest kernel, and images built by image tests. Tests never use the
-// real $NEXUS_HOME.
+// Package vmtest holds the vmm's helpers for tests that boot real QEMU guests: the guest kernel
+// and static test binaries, kept in the one test cache (testutil.CacheDir) between runs. The
+// generic helpers (RequireQEMU, WaitFor, CacheDir) are internal/testutil's.
 package vmtest
 
 import (
@@ -15,36 +13,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/services/vmm/kernel"
 )
-
-// CacheDir is the cache shared by test runs.
-func CacheDir() string {
-	if d := os.Getenv("NEXUS_TEST_CACHE"); d != "" {
-		return d
-	}
-	return "/tmp/nexus-test-cache"
-}
-
-// RequireQEMU skips the test when QEMU is missing, or fails it when CI is set.
-func RequireQEMU(t testing.TB) {
-	t.Helper()
-	for _, tool := range []string{"qemu-system-x86_64", "qemu-img"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			t.Skipf("%s not installed", tool)
-		}
-	}
-}
 
 // Kernel returns the guest kernel from the shared cache, fetching it on first use.
 func Kernel(t testing.TB) *kernel.Kernel {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	k, err := kernel.Ensure(ctx, CacheDir(), nil)
+	k, err := kernel.Ensure(ctx, testutil.CacheDir(), nil)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
@@ -67,7 +45,7 @@ func BuildGo(t testing.TB, rel string) string {
 	}
 	_, file, _, _ := runtime.Caller(0)
 	vmmDir := filepath.Join(filepath.Dir(file), "..", "..")
-	out := filepath.Join(CacheDir(), "bin")
+	out := filepath.Join(testutil.CacheDir(), "test", "bin")
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -86,19 +64,3 @@ func BuildGo(t testing.TB, rel string) string {
 
 // TestInit builds the test init (see testinit) and returns its path.
 func TestInit(t testing.TB) string { return BuildGo(t, "internal/vmtest/testinit") }
-
-// WaitFor polls cond until it returns nil or timeout passes, then fails with cond's last error.
-func WaitFor(t testing.TB, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
