@@ -51,48 +51,50 @@ type component struct {
 func components() []component {
 	return []component{
 		{name: "gateway", about: "sandbox registry and orchestration", run: func(ctx context.Context, env runEnv) error {
-			g, err := gateway.New(gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
-			if err != nil {
-				return err
-			}
-			return g.Run(ctx)
+			return run(ctx, gateway.New, gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
 		}},
 		{name: "vmm", about: "microVMs, images, guest agent channel", run: func(ctx context.Context, env runEnv) error {
-			v, err := vmm.New(vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				QEMU: qemu.Config{Accel: os.Getenv("NEXUS_ACCEL")}})
-			if err != nil {
-				return err
-			}
-			return v.Run(ctx)
 		}},
 		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: func(ctx context.Context, env runEnv) error {
 			logrus.SetOutput(io.Discard) // gvisor-tap-vsock's switch logs through logrus's global logger
-			return netstack.Serve(ctx, netstack.BusConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
+			return run(ctx, netstack.New, netstack.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
 		}},
 		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: func(ctx context.Context, env runEnv) error {
-			return mitm.NewService(mitm.ServiceConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				Addr: os.Getenv("NEXUS_MITM_ADDR")}).Run(ctx)
+			return run(ctx, mitm.New, mitm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				Addr: os.Getenv("NEXUS_MITM_ADDR")})
 		}},
 		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: func(ctx context.Context, env runEnv) error {
-			s, err := credbroker.NewService(credbroker.ServiceConfig{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+			return run(ctx, credbroker.New, credbroker.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				TokenURL: os.Getenv("NEXUS_CLAUDE_TOKEN_URL")})
-			if err != nil {
-				return err
-			}
-			return s.Run(ctx)
 		}},
 		{name: "gitrelay", about: "git over SSH relay with repo and branch policy", run: func(ctx context.Context, env runEnv) error {
 			sshCfg, err := gitrelay.SSHConfigFromEnv()
 			if err != nil {
 				return err
 			}
-			return gitrelay.New(gitrelay.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				SSH: sshCfg}).Run(ctx)
+			return run(ctx, gitrelay.New, gitrelay.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				SSH: sshCfg})
 		}},
 		{name: "portfwd", about: "guest listeners at the same port on the host", run: func(ctx context.Context, env runEnv) error {
-			return portfwd.New(portfwd.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version}).Run(ctx)
+			return run(ctx, portfwd.New, portfwd.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
 		}},
 	}
+}
+
+// runner is the entry point every service shares: New(Config) builds it, Run serves until ctx ends.
+type runner interface {
+	Run(ctx context.Context) error
+}
+
+// run builds a service with its New and runs it.
+func run[C any, S runner](ctx context.Context, newService func(C) (S, error), cfg C) error {
+	s, err := newService(cfg)
+	if err != nil {
+		return err
+	}
+	return s.Run(ctx)
 }
 
 // ServiceNames is every name `nexus serve` accepts, the bus first.

@@ -42,7 +42,7 @@ func TestBootRemovedMeanwhile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Gateway{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
+	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
 	sb := &api.Sandbox{Name: "default/racy", Image: "nexus-mini", Host: bus.LocalHost, Agent: "claude-code",
 		Egress: api.Egress{Mode: api.EgressNone}}
 	if err := reg.Create(ctx, sb); err != nil {

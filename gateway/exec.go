@@ -9,7 +9,7 @@ import (
 )
 
 // running resolves a name to a sandbox that can run commands.
-func (g *Gateway) running(ctx context.Context, name string) (*api.Sandbox, error) {
+func (g *Service) running(ctx context.Context, name string) (*api.Sandbox, error) {
 	n, err := api.ParseName(name)
 	if err != nil {
 		return nil, err
@@ -24,7 +24,7 @@ func (g *Gateway) running(ctx context.Context, name string) (*api.Sandbox, error
 	return sb, nil
 }
 
-func (g *Gateway) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error) {
+func (g *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error) {
 	sb, err := g.running(ctx, r.Name)
 	if err != nil {
 		return api.Empty{}, err
@@ -35,7 +35,7 @@ func (g *Gateway) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 	})
 }
 
-func (g *Gateway) copy(ctx context.Context, r api.CopyRequest) (api.Empty, error) {
+func (g *Service) copy(ctx context.Context, r api.CopyRequest) (api.Empty, error) {
 	sb, err := g.running(ctx, r.Name)
 	if err != nil {
 		return api.Empty{}, err
@@ -43,7 +43,7 @@ func (g *Gateway) copy(ctx context.Context, r api.CopyRequest) (api.Empty, error
 	return api.Empty{}, g.vmm(sb.Host).Copy(ctx, vmmapi.CopyRequest{ID: sb.ID, SID: r.SID, ToGuest: r.ToGuest, Path: r.Path, Mode: r.Mode, Size: r.Size})
 }
 
-func (g *Gateway) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse, error) {
+func (g *Service) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse, error) {
 	n, err := api.ParseName(r.Name)
 	if err != nil {
 		return api.LogsResponse{}, err

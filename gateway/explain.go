@@ -39,7 +39,7 @@ func requestPolicy(sb *api.Sandbox) httppolicy.Policy {
 }
 
 // egressExplain serves `nexus egress explain`.
-func (g *Gateway) egressExplain(ctx context.Context, r api.ExplainRequest) (api.Explanation, error) {
+func (g *Service) egressExplain(ctx context.Context, r api.ExplainRequest) (api.Explanation, error) {
 	name, err := api.ParseName(r.Name)
 	if err != nil {
 		return api.Explanation{}, err

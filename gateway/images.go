@@ -6,10 +6,10 @@ import (
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 )
 
-func (g *Gateway) images(ctx context.Context, _ vmmapi.Empty) ([]vmmapi.ImageInfo, error) {
+func (g *Service) images(ctx context.Context, _ vmmapi.Empty) ([]vmmapi.ImageInfo, error) {
 	return g.vmm(g.cfg.Host).Images(ctx)
 }
 
-func (g *Gateway) image(ctx context.Context, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
+func (g *Service) image(ctx context.Context, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
 	return g.vmm(g.cfg.Host).Image(ctx, r)
 }

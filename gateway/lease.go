@@ -33,7 +33,7 @@ var (
 type leaseWatchdog struct {
 	ctx    context.Context // the watchdog's life; removals end with it
 	since  time.Time       // when this watchdog started
-	g      *Gateway
+	g      *Service
 	kv     jetstream.KeyValue
 	mu     sync.Mutex
 	active map[string]bool // sandbox ids being removed by this process
@@ -42,7 +42,7 @@ type leaseWatchdog struct {
 
 // watchLeases sweeps ephemeral sandboxes every LeaseSweepEvery until ctx ends, and waits for
 // the removals it started.
-func (g *Gateway) watchLeases(ctx context.Context) {
+func (g *Service) watchLeases(ctx context.Context) {
 	w := &leaseWatchdog{ctx: ctx, since: time.Now(), g: g, active: map[string]bool{}}
 	defer w.wg.Wait()
 	t := time.NewTicker(LeaseSweepEvery)

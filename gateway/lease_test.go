@@ -88,7 +88,7 @@ func TestLeaseSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Gateway{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
+	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
 	kv, err := bus.KV(ctx, nc, bus.KVLeases)
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ type perimeter struct {
 
 // setupPerimeter asks credbroker, mitm and netstack for a sandbox's egress: placeholders,
 // the MITM's policy, and the default-deny network. Mode none gets no network device at all.
-func (g *Gateway) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof profile.Profile, plan *egressPlan) (*perimeter, error) {
+func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof profile.Profile, plan *egressPlan) (*perimeter, error) {
 	p := &perimeter{env: map[string]string{}}
 	for k, v := range prof.GuestEnv {
 		p.env[k] = v
@@ -89,7 +89,7 @@ func (g *Gateway) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 
 // teardownPerimeter releases what setupPerimeter made; each service is asked even if another
 // fails, and absent state is not an error.
-func (g *Gateway) teardownPerimeter(ctx context.Context, sb *api.Sandbox) error {
+func (g *Service) teardownPerimeter(ctx context.Context, sb *api.Sandbox) error {
 	var errs []error
 	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbRemove), netapi.RemoveRequest{SandboxID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
@@ -110,7 +110,7 @@ func randomHex(n int) string {
 }
 
 // secretExists asks credbroker whether a named secret is stored.
-func (g *Gateway) secretExists(ctx context.Context) func(string) bool {
+func (g *Service) secretExists(ctx context.Context) func(string) bool {
 	list, err := bus.Request[credapi.SecretListResponse](ctx, g.cfg.Bus, credapi.SubjectSecretList, struct{}{})
 	return func(name string) bool {
 		if err != nil {

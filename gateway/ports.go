@@ -12,7 +12,7 @@ const verbPorts = portfwdapi.VerbGatewayPorts
 
 // ports asks the port forwarder of the sandbox's host for its forwards and conflicts; without
 // a name, those of every sandbox on this gateway's host.
-func (g *Gateway) ports(ctx context.Context, r portfwdapi.PortsRequest) ([]portfwdapi.Forward, error) {
+func (g *Service) ports(ctx context.Context, r portfwdapi.PortsRequest) ([]portfwdapi.Forward, error) {
 	host, req := g.cfg.Host, portfwdapi.ListRequest{}
 	if r.Name != "" {
 		name, err := api.ParseName(r.Name)

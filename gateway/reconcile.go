@@ -14,7 +14,7 @@ import (
 )
 
 // watchVMs marks a sandbox failed when its vmm reports that the VM ended on its own.
-func (g *Gateway) watchVMs(ctx context.Context) (*nats.Subscription, error) {
+func (g *Service) watchVMs(ctx context.Context) (*nats.Subscription, error) {
 	return g.cfg.Bus.Subscribe(vmmapi.VMEventSubject("*"), func(m *nats.Msg) {
 		var ev vmmapi.VMEvent
 		if json.Unmarshal(m.Data, &ev) != nil || ev.ID == "" {
@@ -24,7 +24,7 @@ func (g *Gateway) watchVMs(ctx context.Context) (*nats.Subscription, error) {
 	})
 }
 
-func (g *Gateway) markFailed(ctx context.Context, id, reason string) {
+func (g *Service) markFailed(ctx context.Context, id, reason string) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for range 3 {
@@ -44,7 +44,7 @@ func (g *Gateway) markFailed(ctx context.Context, id, reason string) {
 	}
 }
 
-func (g *Gateway) byID(ctx context.Context, id string) (*api.Sandbox, error) {
+func (g *Service) byID(ctx context.Context, id string) (*api.Sandbox, error) {
 	all, err := g.reg.List(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -59,7 +59,7 @@ func (g *Gateway) byID(ctx context.Context, id string) (*api.Sandbox, error) {
 
 // reconcile compares the registry with what the vmm of each host runs: a sandbox recorded as
 // running whose VM is gone is failed; one left mid-transition by a crash is settled.
-func (g *Gateway) reconcile(ctx context.Context) {
+func (g *Service) reconcile(ctx context.Context) {
 	all, err := g.reg.List(ctx, nil)
 	if err != nil {
 		g.log.Warn().Err(err).Msg("reconcile: cannot list the registry")

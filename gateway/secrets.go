@@ -13,22 +13,22 @@ import (
 
 var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,63}$`)
 
-func (g *Gateway) secretSet(ctx context.Context, r credapi.SecretSetRequest) (struct{}, error) {
+func (g *Service) secretSet(ctx context.Context, r credapi.SecretSetRequest) (struct{}, error) {
 	if !secretNameRE.MatchString(r.Name) {
 		return struct{}{}, errdefs.Invalid("invalid secret name %q: use letters, digits, '_', '.', '-' (at most 64)", r.Name)
 	}
 	return bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectSecretSet, r)
 }
 
-func (g *Gateway) secretList(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
+func (g *Service) secretList(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
 	return bus.Request[credapi.SecretListResponse](ctx, g.cfg.Bus, credapi.SubjectSecretList, struct{}{})
 }
 
-func (g *Gateway) secretRemove(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
+func (g *Service) secretRemove(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
 	return bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectSecretRemove, r)
 }
 
-func (g *Gateway) egressShow(ctx context.Context, r api.NameRequest) (api.EgressView, error) {
+func (g *Service) egressShow(ctx context.Context, r api.NameRequest) (api.EgressView, error) {
 	name, err := api.ParseName(r.Name)
 	if err != nil {
 		return api.EgressView{}, err

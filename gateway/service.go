@@ -40,23 +40,23 @@ type Config struct {
 	Version string
 }
 
-// Gateway serves the gateway API on the bus.
-type Gateway struct {
+// Service serves the gateway API on the bus.
+type Service struct {
 	cfg Config
 	reg *Registry
 	log zerolog.Logger
 }
 
 // New returns a gateway; Run binds it to the bus.
-func New(cfg Config) (*Gateway, error) {
+func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
 	}
-	return &Gateway{cfg: cfg, log: cfg.Log}, nil
+	return &Service{cfg: cfg, log: cfg.Log}, nil
 }
 
 // Run registers the endpoints and serves until ctx ends.
-func (g *Gateway) Run(ctx context.Context) error {
+func (g *Service) Run(ctx context.Context) error {
 	reg, err := NewRegistry(ctx, g.cfg.Bus)
 	if err != nil {
 		return err
@@ -127,11 +127,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 	})
 }
 
-func (g *Gateway) vmm(host string) *vmmapi.Client { return vmmapi.NewClient(g.cfg.Bus, host) }
+func (g *Service) vmm(host string) *vmmapi.Client { return vmmapi.NewClient(g.cfg.Bus, host) }
 
 // create validates the request, records the sandbox and boots it. A failed boot leaves the
 // record in state failed with the reason, and no VM behind it.
-func (g *Gateway) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
+func (g *Service) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
 	sb, err := g.validate(ctx, r)
 	if err != nil {
 		return nil, err
@@ -149,7 +149,7 @@ func (g *Gateway) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 	return sb, nil
 }
 
-func (g *Gateway) validate(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
+func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandbox, error) {
 	name, err := api.ParseName(r.Name)
 	if err != nil {
 		return nil, err
@@ -220,7 +220,7 @@ func parseMounts(specs []string) ([]api.Mount, error) {
 
 // startBoot moves sb to starting and sets up its egress perimeter: the steps every boot of a
 // sandbox shares, cold or forked. On failure the sandbox is failed and nothing is left set up.
-func (g *Gateway) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, error) {
+func (g *Service) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, error) {
 	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
 		return nil, err
 	}
@@ -245,7 +245,7 @@ func (g *Gateway) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, e
 }
 
 // boot moves sb through starting to running, or to failed with the reason.
-func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) (err error) {
+func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (err error) {
 	defer func() {
 		if err != nil {
 			err = g.removedMeanwhile(sb, err)
@@ -273,7 +273,7 @@ func (g *Gateway) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 
 // removedMeanwhile explains a boot that failed because the sandbox was removed (or is being
 // removed) while it started: the caller would otherwise see the lost revision race.
-func (g *Gateway) removedMeanwhile(sb *api.Sandbox, err error) error {
+func (g *Service) removedMeanwhile(sb *api.Sandbox, err error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	cur, gerr := g.reg.Get(ctx, sb.Name)
@@ -284,7 +284,7 @@ func (g *Gateway) removedMeanwhile(sb *api.Sandbox, err error) error {
 }
 
 // forget deletes the record of a sandbox whose creation was refused.
-func (g *Gateway) forget(sb *api.Sandbox) {
+func (g *Service) forget(sb *api.Sandbox) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if cur, err := g.reg.Get(ctx, sb.Name); err == nil && cur.ID == sb.ID {
@@ -293,7 +293,7 @@ func (g *Gateway) forget(sb *api.Sandbox) {
 }
 
 // fail records why a sandbox failed; it uses its own deadline because ctx may be what ended.
-func (g *Gateway) fail(sb *api.Sandbox, cause error) {
+func (g *Service) fail(sb *api.Sandbox, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 3 {
@@ -313,7 +313,7 @@ func hostname(name string) string {
 	return n
 }
 
-func (g *Gateway) list(ctx context.Context, r api.ListRequest) ([]api.SandboxView, error) {
+func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxView, error) {
 	sel, err := api.ParseSelector(r.Selector...)
 	if err != nil {
 		return nil, err
@@ -347,7 +347,7 @@ func (g *Gateway) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 }
 
 // apply runs one verb on each named (or selected) sandbox and reports each outcome.
-func (g *Gateway) apply(fn func(ctx context.Context, sb *api.Sandbox, force bool) error) func(context.Context, api.NamesRequest) ([]api.Result, error) {
+func (g *Service) apply(fn func(ctx context.Context, sb *api.Sandbox, force bool) error) func(context.Context, api.NamesRequest) ([]api.Result, error) {
 	return func(ctx context.Context, r api.NamesRequest) ([]api.Result, error) {
 		if len(r.Names) > 0 && len(r.Selector) > 0 {
 			return nil, errdefs.Invalid("name sandboxes or select them with -l, not both")
@@ -388,7 +388,7 @@ func (g *Gateway) apply(fn func(ctx context.Context, sb *api.Sandbox, force bool
 	}
 }
 
-func (g *Gateway) start(ctx context.Context, sb *api.Sandbox, _ bool) error {
+func (g *Service) start(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	switch sb.State {
 	case api.StateRunning:
 		return nil
@@ -398,7 +398,7 @@ func (g *Gateway) start(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	return g.boot(ctx, sb, "")
 }
 
-func (g *Gateway) stop(ctx context.Context, sb *api.Sandbox, force bool) error {
+func (g *Service) stop(ctx context.Context, sb *api.Sandbox, force bool) error {
 	switch sb.State {
 	case api.StateStopped, api.StateCreated:
 		return nil
@@ -416,7 +416,7 @@ func (g *Gateway) stop(ctx context.Context, sb *api.Sandbox, force bool) error {
 	return g.reg.Transition(ctx, sb, api.StateStopped, "", nil)
 }
 
-func (g *Gateway) pause(ctx context.Context, sb *api.Sandbox, _ bool) error {
+func (g *Service) pause(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	if sb.State == api.StatePaused {
 		return nil
 	}
@@ -429,7 +429,7 @@ func (g *Gateway) pause(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	return g.reg.Transition(ctx, sb, api.StatePaused, "", nil)
 }
 
-func (g *Gateway) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
+func (g *Service) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	if sb.State == api.StateRunning {
 		return nil
 	}
@@ -443,7 +443,7 @@ func (g *Gateway) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
 }
 
 // remove tears down everything of a sandbox, then its record. A running sandbox needs force.
-func (g *Gateway) remove(ctx context.Context, sb *api.Sandbox, force bool) error {
+func (g *Service) remove(ctx context.Context, sb *api.Sandbox, force bool) error {
 	switch sb.State {
 	case api.StateRunning, api.StatePaused, api.StateStarting:
 		if !force {

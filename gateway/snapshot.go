@@ -22,11 +22,11 @@ import (
 // (services/vmm/snapshot.go); the gateway keeps the index in KV nexus_snapshots and gives every
 // fork a registry record and a perimeter of its own, exactly as create does.
 
-func (g *Gateway) snapshotKV(ctx context.Context) (jetstream.KeyValue, error) {
+func (g *Service) snapshotKV(ctx context.Context) (jetstream.KeyValue, error) {
 	return bus.KV(ctx, g.cfg.Bus, bus.KVSnapshots)
 }
 
-func (g *Gateway) getSnapshot(ctx context.Context, name string) (*api.Snapshot, error) {
+func (g *Service) getSnapshot(ctx context.Context, name string) (*api.Snapshot, error) {
 	if err := vmmapi.CheckSnapshotName(name); err != nil {
 		return nil, err
 	}
@@ -49,11 +49,11 @@ func (g *Gateway) getSnapshot(ctx context.Context, name string) (*api.Snapshot, 
 }
 
 // snapshotCreate snapshots a running or paused sandbox and records it.
-func (g *Gateway) snapshotCreate(ctx context.Context, r api.SnapshotCreateRequest) (*api.Snapshot, error) {
+func (g *Service) snapshotCreate(ctx context.Context, r api.SnapshotCreateRequest) (*api.Snapshot, error) {
 	return g.snapshot(ctx, r.Sandbox, r.Snapshot, "snapshot create")
 }
 
-func (g *Gateway) snapshot(ctx context.Context, sandbox, snap, op string) (*api.Snapshot, error) {
+func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.Snapshot, error) {
 	if err := vmmapi.CheckSnapshotName(snap); err != nil {
 		return nil, err
 	}
@@ -100,7 +100,7 @@ func (g *Gateway) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 }
 
 // snapshotList lists the recorded snapshots with their live children.
-func (g *Gateway) snapshotList(ctx context.Context, _ api.Empty) ([]api.SnapshotView, error) {
+func (g *Service) snapshotList(ctx context.Context, _ api.Empty) ([]api.SnapshotView, error) {
 	kv, err := g.snapshotKV(ctx)
 	if err != nil {
 		return nil, err
@@ -130,7 +130,7 @@ func (g *Gateway) snapshotList(ctx context.Context, _ api.Empty) ([]api.Snapshot
 }
 
 // idNames maps sandbox ids to names.
-func (g *Gateway) idNames(ctx context.Context) map[string]string {
+func (g *Service) idNames(ctx context.Context) map[string]string {
 	names := map[string]string{}
 	if all, err := g.reg.List(ctx, nil); err == nil {
 		for _, sb := range all {
@@ -154,7 +154,7 @@ func childNames(ids []string, names map[string]string) []string {
 }
 
 // snapshotRemove deletes a snapshot unless live sandboxes were forked from it.
-func (g *Gateway) snapshotRemove(ctx context.Context, r api.SnapshotRemoveRequest) (api.Empty, error) {
+func (g *Service) snapshotRemove(ctx context.Context, r api.SnapshotRemoveRequest) (api.Empty, error) {
 	rec, err := g.getSnapshot(ctx, r.Snapshot)
 	if err != nil {
 		return api.Empty{}, err
@@ -190,7 +190,7 @@ func (g *Gateway) snapshotRemove(ctx context.Context, r api.SnapshotRemoveReques
 // fork creates a sandbox from a snapshot: a new record and id, its own perimeter (placeholders,
 // network, MITM policy) with the parent's egress configuration, and a VM restored from the
 // snapshot's memory. A damaged snapshot or a refused source leaves nothing behind.
-func (g *Gateway) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, error) {
+func (g *Service) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, error) {
 	name, err := api.ParseName(r.Name)
 	if err != nil {
 		return nil, err
@@ -233,7 +233,7 @@ func (g *Gateway) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 }
 
 // bootFork is boot for a fork: the same perimeter steps, then the vmm restores instead of booting.
-func (g *Gateway) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress string) error {
+func (g *Service) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress string) error {
 	perim, err := g.startBoot(ctx, sb)
 	if err != nil {
 		return err
@@ -287,7 +287,7 @@ func vmmVolumes(vs []api.Volume) []vmmapi.Volume {
 }
 
 // volumeList lists the named volumes of every host that has sandboxes.
-func (g *Gateway) volumeList(ctx context.Context, _ api.Empty) ([]api.VolumeView, error) {
+func (g *Service) volumeList(ctx context.Context, _ api.Empty) ([]api.VolumeView, error) {
 	all, err := g.reg.List(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -327,7 +327,7 @@ func (g *Gateway) volumeList(ctx context.Context, _ api.Empty) ([]api.VolumeView
 }
 
 // volumeRemove deletes a stopped sandbox's volume and drops it from the record.
-func (g *Gateway) volumeRemove(ctx context.Context, r api.VolumeRemoveRequest) (api.Empty, error) {
+func (g *Service) volumeRemove(ctx context.Context, r api.VolumeRemoveRequest) (api.Empty, error) {
 	name, err := api.ParseName(r.Sandbox)
 	if err != nil {
 		return api.Empty{}, err

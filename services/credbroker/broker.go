@@ -36,8 +36,8 @@ const (
 	logKeySandbox = "sandbox"
 )
 
-// Config configures a Broker.
-type Config struct {
+// brokerConfig configures a Broker.
+type brokerConfig struct {
 	// Dir holds the key and the encrypted store ($NEXUS_HOME/secrets).
 	Dir    string
 	Logger zerolog.Logger
@@ -52,7 +52,7 @@ type Config struct {
 
 // Broker is the credential broker.
 type Broker struct {
-	cfg  Config
+	cfg  brokerConfig
 	log  zerolog.Logger
 	disk *diskStore
 
@@ -69,8 +69,8 @@ type cmdResult struct {
 	expires time.Time
 }
 
-// New opens (creating on first use) the store in cfg.Dir.
-func New(cfg Config) (*Broker, error) {
+// newBroker opens (creating on first use) the store in cfg.Dir.
+func newBroker(cfg brokerConfig) (*Broker, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("credbroker: no secret store directory configured")
 	}

@@ -37,13 +37,13 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func newBroker(t *testing.T, dir string, logs *syncBuffer) *Broker {
+func testBroker(t *testing.T, dir string, logs *syncBuffer) *Broker {
 	t.Helper()
-	cfg := Config{Dir: dir, Logger: zerolog.Nop()}
+	cfg := brokerConfig{Dir: dir, Logger: zerolog.Nop()}
 	if logs != nil {
 		cfg.Logger = zerolog.New(logs).Level(zerolog.TraceLevel)
 	}
-	b, err := New(cfg)
+	b, err := newBroker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ var hex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func TestStoreEncryptedAndPersistent(t *testing.T) {
 	dir := t.TempDir()
-	b := newBroker(t, dir, nil)
+	b := testBroker(t, dir, nil)
 	if err := b.Set(credapi.SecretSetRequest{Name: "GH_TOKEN", Value: ghValue, Hosts: []string{"API.GitHub.com."}}); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestStoreEncryptedAndPersistent(t *testing.T) {
 	}
 
 	// A restart reads the same store with the same key.
-	b2 := newBroker(t, dir, nil)
+	b2 := testBroker(t, dir, nil)
 	list, err := b2.List()
 	if err != nil {
 		t.Fatal(err)
@@ -102,13 +102,13 @@ func TestStoreEncryptedAndPersistent(t *testing.T) {
 	}
 	// A different key cannot read the store.
 	os.WriteFile(filepath.Join(dir, KeyFile), bytes.Repeat([]byte{1}, 32), 0o600)
-	if _, err := New(Config{Dir: dir}); err == nil || !strings.Contains(err.Error(), "cannot be decrypted") {
+	if _, err := newBroker(brokerConfig{Dir: dir}); err == nil || !strings.Contains(err.Error(), "cannot be decrypted") {
 		t.Fatalf("wrong key: %v", err)
 	}
 }
 
 func TestSetValidation(t *testing.T) {
-	b := newBroker(t, t.TempDir(), nil)
+	b := testBroker(t, t.TempDir(), nil)
 	for _, req := range []credapi.SecretSetRequest{
 		{Name: "", Value: "x"},
 		{Name: "bad name", Value: "x"},
@@ -125,7 +125,7 @@ func TestSetValidation(t *testing.T) {
 
 func TestMintResolveAndRefusals(t *testing.T) {
 	dir := t.TempDir()
-	b := newBroker(t, dir, nil)
+	b := testBroker(t, dir, nil)
 	b.Set(credapi.SecretSetRequest{Name: "GH_TOKEN", Value: ghValue})
 	b.Set(credapi.SecretSetRequest{Name: "anthropic", Value: "sk-ant-real"})
 	res, err := b.Mint(credapi.MintRequest{SandboxID: "p/a", Bindings: []credapi.Binding{
@@ -188,7 +188,7 @@ func TestMintResolveAndRefusals(t *testing.T) {
 	}
 
 	// Resolve survives a restart of the broker.
-	b2 := newBroker(t, dir, nil)
+	b2 := testBroker(t, dir, nil)
 	if v, err := b2.Resolve(ctx, "p/a", "api.github.com", env["GH_TOKEN"]); err != nil || v != ghValue {
 		t.Fatalf("after restart: %q, %v", v, err)
 	}
@@ -211,7 +211,7 @@ func TestMintResolveAndRefusals(t *testing.T) {
 }
 
 func TestMintErrors(t *testing.T) {
-	b := newBroker(t, t.TempDir(), nil)
+	b := testBroker(t, t.TempDir(), nil)
 	b.Set(credapi.SecretSetRequest{Name: "A", Value: "a"})
 	b.Set(credapi.SecretSetRequest{Name: "B", Value: "b"})
 	cases := []struct {
@@ -241,7 +241,7 @@ func TestMintErrors(t *testing.T) {
 // TestRotation: a sandbox keeps the value it was minted with; sandboxes minted after a rotation
 // get the new one; re-minting (restart) picks the new value up.
 func TestRotation(t *testing.T) {
-	b := newBroker(t, t.TempDir(), nil)
+	b := testBroker(t, t.TempDir(), nil)
 	ctx := context.Background()
 	b.Set(credapi.SecretSetRequest{Name: "GH_TOKEN", Value: "v1"})
 	bind := []credapi.Binding{{Secret: "GH_TOKEN", Hosts: []string{"api.github.com"}, Kind: credapi.KindGitHub}}
@@ -278,7 +278,7 @@ func TestCommandSecret(t *testing.T) {
 	dir := t.TempDir()
 	counter := filepath.Join(dir, "runs")
 	logs := &syncBuffer{}
-	b, err := New(Config{Dir: filepath.Join(dir, "s"), Logger: zerolog.New(logs), CommandTimeout: 300 * time.Millisecond, CommandCacheTTL: time.Hour})
+	b, err := newBroker(brokerConfig{Dir: filepath.Join(dir, "s"), Logger: zerolog.New(logs), CommandTimeout: 300 * time.Millisecond, CommandCacheTTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestCommandSecret(t *testing.T) {
 // placeholder appears in them.
 func TestNoSecretInLogs(t *testing.T) {
 	logs := &syncBuffer{}
-	b := newBroker(t, t.TempDir(), logs)
+	b := testBroker(t, t.TempDir(), logs)
 	ctx := context.Background()
 	b.Set(credapi.SecretSetRequest{Name: "GH_TOKEN", Value: ghValue})
 	res, err := b.Mint(credapi.MintRequest{SandboxID: "s", Bindings: []credapi.Binding{{Secret: "GH_TOKEN", Hosts: []string{"api.github.com"}, Kind: "github"}}})

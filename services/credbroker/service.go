@@ -14,8 +14,8 @@ import (
 	"github.com/IniZio/nexus/pkg/home"
 )
 
-// ServiceConfig configures the credbroker service on the bus.
-type ServiceConfig struct {
+// Config configures the credbroker service on the bus.
+type Config struct {
 	Bus     *nats.Conn
 	Home    home.Dir
 	Host    string
@@ -29,7 +29,7 @@ type ServiceConfig struct {
 
 // Service serves the broker on nexus.cred.*.
 type Service struct {
-	cfg    ServiceConfig
+	cfg    Config
 	broker *Broker
 
 	mu       sync.Mutex
@@ -37,9 +37,9 @@ type Service struct {
 	guardian context.CancelFunc
 }
 
-// NewService opens the secret store under $NEXUS_HOME/secrets.
-func NewService(cfg ServiceConfig) (*Service, error) {
-	b, err := New(Config{Dir: cfg.Home.Secrets(), Logger: cfg.Log})
+// New opens the secret store under $NEXUS_HOME/secrets.
+func New(cfg Config) (*Service, error) {
+	b, err := newBroker(brokerConfig{Dir: cfg.Home.Secrets(), Logger: cfg.Log})
 	if err != nil {
 		return nil, err
 	}

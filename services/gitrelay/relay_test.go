@@ -187,8 +187,11 @@ cd "$REPOS" && exec git-shell -c "$last"
 	gw := b.Connect(t, bus.UserGateway)
 	relayNC := b.Connect(t, bus.UserGitrelay)
 	ctx, cancel := context.WithCancel(context.Background())
-	svc := New(Config{Bus: relayNC, Home: b.Home, Log: zerolog.Nop(), Audit: f.events,
+	svc, err := New(Config{Bus: relayNC, Home: b.Home, Log: zerolog.Nop(), Audit: f.events,
 		SSH: SSHConfig{Binary: fakeSSH, Env: []string{"PATH=" + os.Getenv("PATH"), "REPOS=" + f.repos, "ARG_LOG=" + f.argLog}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	t.Cleanup(func() {

@@ -76,7 +76,7 @@ type listener struct {
 }
 
 // New returns the relay service.
-func New(cfg Config) *Service {
+func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
 	}
@@ -87,7 +87,7 @@ func New(cfg Config) *Service {
 		cfg.MaxSessions = 16
 	}
 	cfg.SSH.defaults()
-	return &Service{cfg: cfg, log: cfg.Log, sandboxes: map[string]*listener{}}
+	return &Service{cfg: cfg, log: cfg.Log, sandboxes: map[string]*listener{}}, nil
 }
 
 // Log field keys.

@@ -37,7 +37,7 @@ func benchHarness(b *testing.B) (*harness, *atomic.Int64) {
 	var events atomic.Int64
 	h := newHarness(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, kb)
-	}), func(c *Config) {
+	}), func(c *proxyConfig) {
 		c.Logger = zerolog.Nop()
 		c.Audit = audit.SinkFunc(func(context.Context, audit.Event) { events.Add(1) })
 		c.LeafCacheSize = 256

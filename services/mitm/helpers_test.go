@@ -80,7 +80,7 @@ type harness struct {
 	resolves sync.Map
 }
 
-type harnessOpt func(*Config)
+type harnessOpt func(*proxyConfig)
 
 // newHarness starts an upstream TLS server (httptest's certificate covers example.com and
 // *.example.com), a proxy resolving every host to it, and registers testSandbox allowing
@@ -90,7 +90,7 @@ func newHarness(t testing.TB, upstream http.Handler, opts ...harnessOpt) *harnes
 	h := &harness{rec: &recorder{}, logs: &syncBuffer{}, reg: NewRegistry(), caDir: t.TempDir()}
 	h.upstream = httptest.NewTLSServer(upstream)
 	t.Cleanup(h.upstream.Close)
-	cfg := Config{
+	cfg := proxyConfig{
 		CADir:     h.caDir,
 		Sandboxes: h.reg,
 		Resolver: ResolverFunc(func(ctx context.Context, sb, host, ph string) (string, error) {
@@ -107,7 +107,7 @@ func newHarness(t testing.TB, upstream http.Handler, opts ...harnessOpt) *harnes
 	for _, o := range opts {
 		o(&cfg)
 	}
-	p, err := New(cfg)
+	p, err := newProxy(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

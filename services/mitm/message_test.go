@@ -114,7 +114,7 @@ func TestChunkedUploadWithTrailers(t *testing.T) {
 // the request's head) is never sent; the agent reads why.
 func TestSecretWithLineBreakNotSent(t *testing.T) {
 	var hits atomic.Int64
-	h := newHarness(t, echoAuth(&hits), func(c *Config) {
+	h := newHarness(t, echoAuth(&hits), func(c *proxyConfig) {
 		c.Resolver = ResolverFunc(func(context.Context, string, string, string) (string, error) {
 			return "tok\r\nX-Injected: 1", nil
 		})
@@ -190,7 +190,7 @@ func TestAnswerWithoutLength(t *testing.T) {
 func TestIdleTunnelClosed(t *testing.T) {
 	var hits atomic.Int64
 	idle := 400 * time.Millisecond
-	h := newHarness(t, echoAuth(&hits), func(c *Config) { c.IdleTimeout = idle })
+	h := newHarness(t, echoAuth(&hits), func(c *proxyConfig) { c.IdleTimeout = idle })
 	tc, br := h.tunnelTo(t, "api.example.com")
 	var silent time.Time
 	for start := time.Now(); time.Since(start) < 3*idle; {

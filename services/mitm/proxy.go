@@ -71,8 +71,8 @@ const DenyHeader = "X-Nexus-Deny"
 // UnknownSandbox is the audit sandbox of a CONNECT whose identity was not accepted.
 const UnknownSandbox = "unknown"
 
-// Config configures a Proxy.
-type Config struct {
+// proxyConfig configures a Proxy.
+type proxyConfig struct {
 	// CADir holds the CA ($NEXUS_HOME/ca); created on first use.
 	CADir string
 	// Sandboxes identifies the sandbox behind each CONNECT.
@@ -105,7 +105,7 @@ type Config struct {
 
 // Proxy is the MITM proxy.
 type Proxy struct {
-	cfg    Config
+	cfg    proxyConfig
 	log    zerolog.Logger
 	ca     *CA
 	leaves *leafCache
@@ -126,8 +126,8 @@ type Proxy struct {
 	conns   map[*idleConn]struct{}
 }
 
-// New loads (or creates) the CA and builds the proxy. It does not listen: call Serve.
-func New(cfg Config) (*Proxy, error) {
+// newProxy loads (or creates) the CA and builds the proxy. It does not listen: call Serve.
+func newProxy(cfg proxyConfig) (*Proxy, error) {
 	if cfg.Sandboxes == nil {
 		return nil, errors.New("mitm: no Sandboxes configured")
 	}

@@ -246,7 +246,7 @@ func TestBadIdentity(t *testing.T) {
 
 func TestResolveRefusedAndUpstreamDown(t *testing.T) {
 	var hits atomic.Int64
-	h := newHarness(t, echoAuth(&hits), func(c *Config) {
+	h := newHarness(t, echoAuth(&hits), func(c *proxyConfig) {
 		c.ResolverOverrides = map[string]string{"*": "127.0.0.1:1"} // nothing listens
 	})
 	c := h.client(t, testSandbox, testToken)
@@ -259,7 +259,7 @@ func TestResolveRefusedAndUpstreamDown(t *testing.T) {
 
 func TestResolverRefusal(t *testing.T) {
 	var hits atomic.Int64
-	h := newHarness(t, echoAuth(&hits), func(c *Config) {
+	h := newHarness(t, echoAuth(&hits), func(c *proxyConfig) {
 		c.Resolver = ResolverFunc(func(context.Context, string, string, string) (string, error) {
 			return "", errdefs.Refused("not bound")
 		})

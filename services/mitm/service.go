@@ -22,8 +22,8 @@ import (
 	"github.com/IniZio/nexus/pkg/testknobs"
 )
 
-// ServiceConfig configures the mitm service on the bus.
-type ServiceConfig struct {
+// Config configures the mitm service on the bus.
+type Config struct {
 	Bus     *nats.Conn
 	Home    home.Dir
 	Host    string
@@ -37,14 +37,14 @@ type ServiceConfig struct {
 // Service runs the proxy and keeps its sandbox policies, which survive a restart: they are
 // stored (hashes only, never a secret) under $NEXUS_HOME/mitm.
 type Service struct {
-	cfg ServiceConfig
+	cfg Config
 	reg *Registry
 	dir string
 }
 
-// NewService prepares the service; Run starts it.
-func NewService(cfg ServiceConfig) *Service {
-	return &Service{cfg: cfg, reg: NewRegistry(), dir: filepath.Join(string(cfg.Home), "mitm")}
+// New prepares the service; Run starts it.
+func New(cfg Config) (*Service, error) {
+	return &Service{cfg: cfg, reg: NewRegistry(), dir: filepath.Join(string(cfg.Home), "mitm")}, nil
 }
 
 // Run listens, loads the stored policies, registers the endpoints and serves until ctx ends.
@@ -66,7 +66,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return errdefs.Invalid("%v", err)
 	}
-	proxy, err := New(Config{
+	proxy, err := newProxy(proxyConfig{
 		CADir: s.cfg.Home.CA(), Sandboxes: s.reg, Resolver: ResolverFunc(s.resolve), Audit: pub, Logger: s.cfg.Log,
 		ExtraRootCAs: roots, ResolverOverrides: overrides,
 	})

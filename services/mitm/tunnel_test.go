@@ -280,7 +280,7 @@ func TestTrailersAndHopHeaders(t *testing.T) {
 func TestResolveCachedPerSandbox(t *testing.T) {
 	var calls atomic.Int64
 	var hits atomic.Int64
-	h := newHarness(t, echoAuth(&hits), func(c *Config) {
+	h := newHarness(t, echoAuth(&hits), func(c *proxyConfig) {
 		inner := c.Resolver
 		c.Resolver = ResolverFunc(func(ctx context.Context, sb, host, ph string) (string, error) {
 			calls.Add(1)

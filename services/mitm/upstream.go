@@ -36,7 +36,7 @@ type upstreamDialer struct {
 	roots     *x509.CertPool
 }
 
-func newUpstreamDialer(cfg Config) (*upstreamDialer, error) {
+func newUpstreamDialer(cfg proxyConfig) (*upstreamDialer, error) {
 	roots, err := x509.SystemCertPool()
 	if err != nil || roots == nil {
 		roots = x509.NewCertPool()

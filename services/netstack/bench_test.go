@@ -65,7 +65,7 @@ type benchTarget struct {
 func ourNetstack(b *testing.B, serverAddr string) benchTarget {
 	b.Helper()
 	_, port, _ := net.SplitHostPort(serverAddr)
-	svc, err := netstack.New(netstack.Config{
+	svc, err := netstack.NewManager(netstack.ManagerConfig{
 		Logger:            zerolog.Nop(),
 		Audit:             audit.SinkFunc(func(context.Context, audit.Event) {}),
 		UpstreamDNS:       "127.0.0.1:9", // unused: bench.test is an override

@@ -20,8 +20,8 @@ import (
 	"github.com/IniZio/nexus/pkg/testknobs"
 )
 
-// BusConfig configures the netstack service on the bus.
-type BusConfig struct {
+// Config configures the netstack service on the bus.
+type Config struct {
 	Bus     *nats.Conn
 	Home    home.Dir
 	Host    string
@@ -29,9 +29,21 @@ type BusConfig struct {
 	Version string
 }
 
-// Serve runs the netstack on the bus: audit events go to JetStream, shimmed connections to
+// Service runs the netstack on the bus: audit events go to JetStream, shimmed connections to
 // the mitm of this host (whose address it publishes under $NEXUS_HOME/run).
-func Serve(ctx context.Context, cfg BusConfig) error {
+type Service struct {
+	cfg Config
+}
+
+// New returns the service; Run builds the networks and serves.
+func New(cfg Config) (*Service, error) {
+	return &Service{cfg: cfg}, nil
+}
+
+// Run restores the networks of an earlier run, registers the endpoints and serves until ctx
+// ends; then it removes every network.
+func (s *Service) Run(ctx context.Context) error {
+	cfg := s.cfg
 	pub, err := audit.NewSpooledPublisher(cfg.Bus, cfg.Log, cfg.Home.AuditSpool("netstack"))
 	if err != nil {
 		return err
@@ -42,7 +54,7 @@ func Serve(ctx context.Context, cfg BusConfig) error {
 		return errdefs.Invalid("%v", err)
 	}
 	addrFile := filepath.Join(cfg.Home.Run(), mitmapi.AddrFile)
-	svc, err := New(Config{
+	svc, err := NewManager(ManagerConfig{
 		Logger: cfg.Log, Audit: pub, ResolverOverrides: overrides,
 		UpstreamDNS: os.Getenv("NEXUS_UPSTREAM_DNS"),
 		MITMAddrFunc: func() (string, error) {
@@ -137,7 +149,7 @@ func (d specStore) update(id string, p netapi.Policy) error {
 
 func (d specStore) remove(id string) { os.Remove(d.path(id)) }
 
-func (d specStore) restore(ctx context.Context, svc *Service, log zerolog.Logger) {
+func (d specStore) restore(ctx context.Context, svc *Manager, log zerolog.Logger) {
 	files, _ := filepath.Glob(filepath.Join(string(d), "*.json"))
 	for _, f := range files {
 		b, err := os.ReadFile(f)

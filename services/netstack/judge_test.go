@@ -26,7 +26,7 @@ func judgeNetwork(tb testing.TB, names int) *network {
 	}
 	ov, _ := newOverrides(nil)
 	n := &network{
-		svc:   &Service{cfg: Config{DNSGrace: time.Minute}, overrides: ov, log: zerolog.Nop()},
+		svc:   &Manager{cfg: ManagerConfig{DNSGrace: time.Minute}, overrides: ov, log: zerolog.Nop()},
 		pol:   pol,
 		allow: allow,
 		table: newDNSTable(),

@@ -205,7 +205,7 @@ func (c *connectServer) seenList() []connectSeen {
 
 // env is one service with one network and a fake guest attached.
 type env struct {
-	svc    *netstack.Service
+	svc    *netstack.Manager
 	log    *eventLog
 	up     *upstreams
 	guest  *fakeguest.Guest
@@ -228,7 +228,7 @@ func newEnv(t testing.TB, pol netstackapi.Policy) *env {
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("NEXUS_HOME", t.TempDir())
 	e := &env{log: &eventLog{}, up: startUpstreams(t), sock: shortSocket(t)}
-	svc, err := netstack.New(netstack.Config{
+	svc, err := netstack.NewManager(netstack.ManagerConfig{
 		Logger:            zerolog.Nop(),
 		Audit:             e.log,
 		MITMAddr:          e.up.connect.ln.Addr().String(),

@@ -43,7 +43,7 @@ var gatewayAddr = netip.MustParseAddr(GatewayIP)
 
 // network is one sandbox's network.
 type network struct {
-	svc        *Service
+	svc        *Manager
 	id, name   string
 	socketPath string
 	token      string
@@ -73,7 +73,7 @@ type network struct {
 	wg       sync.WaitGroup
 }
 
-func newNetwork(s *Service, spec Spec, pol Policy, allow *policy.Allowlist) (_ *network, err error) {
+func newNetwork(s *Manager, spec Spec, pol Policy, allow *policy.Allowlist) (_ *network, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &network{
 		svc:        s,

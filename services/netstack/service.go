@@ -34,8 +34,8 @@ const (
 	GatewayMAC = "02:6e:78:00:00:01"
 )
 
-// Config configures the service.
-type Config struct {
+// ManagerConfig configures the Manager.
+type ManagerConfig struct {
 	Logger zerolog.Logger
 	// Audit receives one event per decision. Required.
 	Audit audit.Sink
@@ -63,9 +63,9 @@ type Config struct {
 	MTU int
 }
 
-// Service runs the networks of all sandboxes on this host.
-type Service struct {
-	cfg       Config
+// Manager runs the networks of all sandboxes on this host.
+type Manager struct {
+	cfg       ManagerConfig
 	log       zerolog.Logger
 	overrides *overrides
 	dnsClient *dns.Client
@@ -75,8 +75,8 @@ type Service struct {
 	closed bool
 }
 
-// New validates cfg and returns a service with no networks.
-func New(cfg Config) (*Service, error) {
+// NewManager validates cfg and returns a manager with no networks.
+func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Audit == nil {
 		return nil, errors.New("netstack: config: audit sink is required")
 	}
@@ -113,7 +113,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netstack: config: %w", err)
 	}
-	return &Service{
+	return &Manager{
 		cfg:       cfg,
 		log:       cfg.Logger.With().Str("service", "netstack").Logger(),
 		overrides: ov,
@@ -123,14 +123,14 @@ func New(cfg Config) (*Service, error) {
 }
 
 // Run serves until ctx ends, then removes every network.
-func (s *Service) Run(ctx context.Context) error {
+func (s *Manager) Run(ctx context.Context) error {
 	<-ctx.Done()
 	s.Close()
 	return nil
 }
 
 // Close removes every network. The service refuses new networks afterwards.
-func (s *Service) Close() {
+func (s *Manager) Close() {
 	s.mu.Lock()
 	s.closed = true
 	nets := s.nets
@@ -145,7 +145,7 @@ func (s *Service) Close() {
 
 // CreateNetwork starts a sandbox's network: it listens on spec.SocketPath for QEMU and serves the
 // guest (re-accepting after a QEMU restart) until RemoveNetwork.
-func (s *Service) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
+func (s *Manager) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 	if spec.SandboxID == "" {
 		return Info{}, errdefs.Invalid("create network: sandbox id is required")
 	}
@@ -182,7 +182,7 @@ func (s *Service) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 
 // reserve claims spec's sandbox id (a nil entry while its network starts) after checking that
 // neither the id nor the socket is taken.
-func (s *Service) reserve(spec Spec) error {
+func (s *Manager) reserve(spec Spec) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -201,7 +201,7 @@ func (s *Service) reserve(spec Spec) error {
 }
 
 // UpdateNetwork replaces a network's policy. Decisions from now on use it; open connections stay.
-func (s *Service) UpdateNetwork(ctx context.Context, id string, p Policy) (Info, error) {
+func (s *Manager) UpdateNetwork(ctx context.Context, id string, p Policy) (Info, error) {
 	n, err := s.get(id)
 	if err != nil {
 		return Info{}, fmt.Errorf("update network: %w", err)
@@ -216,7 +216,7 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, p Policy) (Info,
 }
 
 // RemoveNetwork stops a network, closes its guest and upstream connections and its socket.
-func (s *Service) RemoveNetwork(ctx context.Context, id string) error {
+func (s *Manager) RemoveNetwork(ctx context.Context, id string) error {
 	s.mu.Lock()
 	n, ok := s.nets[id]
 	if !ok || n == nil {
@@ -231,7 +231,7 @@ func (s *Service) RemoveNetwork(ctx context.Context, id string) error {
 }
 
 // Show describes a network: mode, expiry, rules, DNS table and counters.
-func (s *Service) Show(id string) (Info, error) {
+func (s *Manager) Show(id string) (Info, error) {
 	n, err := s.get(id)
 	if err != nil {
 		return Info{}, fmt.Errorf("show network: %w", err)
@@ -240,7 +240,7 @@ func (s *Service) Show(id string) (Info, error) {
 }
 
 // List describes every network, ordered by sandbox id.
-func (s *Service) List() []Info {
+func (s *Manager) List() []Info {
 	s.mu.Lock()
 	nets := make([]*network, 0, len(s.nets))
 	for _, n := range s.nets {
@@ -265,7 +265,7 @@ func (s *Service) List() []Info {
 	return out
 }
 
-func (s *Service) get(id string) (*network, error) {
+func (s *Manager) get(id string) (*network, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n, ok := s.nets[id]

@@ -76,7 +76,7 @@ type sandbox struct {
 }
 
 // New returns the port-forward service.
-func New(cfg Config) *Service {
+func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
 	}
@@ -95,7 +95,7 @@ func New(cfg Config) *Service {
 	if cfg.MaxConns == 0 {
 		cfg.MaxConns = 1024
 	}
-	return &Service{cfg: cfg, log: cfg.Log, sandboxes: map[string]*sandbox{}, byPort: map[uint16]*forward{}}
+	return &Service{cfg: cfg, log: cfg.Log, sandboxes: map[string]*sandbox{}, byPort: map[uint16]*forward{}}, nil
 }
 
 // Run binds the forwards recorded in KV, follows listener and lifecycle events and serves the

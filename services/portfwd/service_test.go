@@ -61,10 +61,14 @@ func (st *stack) start() {
 	}
 	cfg := st.cfg
 	cfg.Bus = nc
+	svc, err := New(cfg)
+	if err != nil {
+		st.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var runErr error
 	exited := make(chan struct{})
-	go func() { runErr = New(cfg).Run(ctx); close(exited) }()
+	go func() { runErr = svc.Run(ctx); close(exited) }()
 	st.stopSvc = func() {
 		cancel()
 		<-exited
