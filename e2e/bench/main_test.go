@@ -6,7 +6,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"testing"
 	"time"
@@ -22,32 +21,20 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if err := testutil.QEMUAvailable(); err != nil {
-		fmt.Fprintln(os.Stderr, "benchmarks need QEMU:", err)
-		if os.Getenv("CI") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	resolve, err := startNetServer()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if stack, err = testutil.StartStack(resolve); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	nc, err := stack.Connect(bus.UserCLI)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	client = api.NewClient(nc)
-	code := m.Run()
-	nc.Close()
-	stack.Stop()
-	os.Exit(code)
+	testutil.Main(m, &stack,
+		testutil.Setup(func(f *testutil.Fixture) error {
+			resolve, err := startNetServer()
+			f.Env(resolve)
+			return err
+		}),
+		testutil.Started(func(s *testutil.Stack) error {
+			nc, err := s.Connect(bus.UserCLI)
+			if err != nil {
+				return err
+			}
+			client = api.NewClient(nc)
+			return nil
+		}))
 }
 
 // sandbox creates a nexus-mini sandbox for b and removes it afterwards.

@@ -6,15 +6,8 @@ package egress_test
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -23,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/IniZio/nexus/internal/testutil"
 )
@@ -50,130 +42,56 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if err := testutil.QEMUAvailable(); err != nil {
-		if os.Getenv("CI") != "" {
-			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
-			os.Exit(1)
-		}
-		fmt.Fprintln(os.Stderr, "skipping egress tests:", err)
-		os.Exit(0)
-	}
-	os.Exit(run(m))
+	testutil.Main(m, &stack, testutil.Setup(setup), testutil.Check(leakScan))
 }
 
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "nexus-egress-ca-")
+// setup builds the guest probe and starts the fake upstreams the stack resolves to.
+func setup(f *testutil.Fixture) error {
+	pki, err := testutil.NewPKI(append([]string{plainHost}, tlsHosts...)...)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fmt.Errorf("test pki: %w", err)
 	}
-	defer os.RemoveAll(dir)
-	caPEM, leaf, err := testPKI(append([]string{plainHost}, tlsHosts...))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "test pki:", err)
-		return 1
-	}
-	probeBin = filepath.Join(dir, "probe")
+	probeBin = filepath.Join(f.Dir, "probe")
 	build := exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build probe: %v\n%s", err, out)
-		return 1
+		return fmt.Errorf("build probe: %v\n%s", err, out)
 	}
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	caFile, err := pki.WriteCA(f.Dir)
+	if err != nil {
+		return err
 	}
 	var resolve []string
-	for _, h := range tlsHosts {
-		u, err := startUpstream(h, &tls.Config{Certificates: []tls.Certificate{leaf}})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+	for _, h := range append([]string{plainHost}, tlsHosts...) {
+		tc := pki.ServerConfig()
+		if h == plainHost {
+			tc = nil
 		}
-		defer u.close()
+		u, err := startUpstream(h, tc)
+		if err != nil {
+			return err
+		}
+		f.Cleanup(u.close)
 		upstreams[h] = u
-		resolve = append(resolve, h+"="+u.addr)
+		resolve = append(resolve, u.srv.Resolve())
 	}
-	u, err := startUpstream(plainHost, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer u.close()
-	upstreams[plainHost] = u
-	resolve = append(resolve, plainHost+"="+u.addr)
 	// A UDP listener on the same port number as example.test's HTTP server: allow-all UDP to
 	// example.test lands here, curated UDP never does.
-	if udpSeen, err = listenUDP(u.addr); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if udpSeen, err = listenUDP(upstreams[plainHost].srv.Addr); err != nil {
+		return err
 	}
-	defer udpSeen.close()
-
-	stack, err = testutil.StartStack("NEXUS_RESOLVE="+strings.Join(resolve, ","), "NEXUS_EXTRA_CA="+caFile)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := m.Run()
-	if code == 0 {
-		// Every log the stack wrote and every audit event of the run: no token, no placeholder.
-		if leaks := scanForSecrets(); len(leaks) > 0 {
-			fmt.Fprintln(os.Stderr, "FAIL: secrets leaked:")
-			for _, l := range leaks {
-				fmt.Fprintln(os.Stderr, "  "+l)
-			}
-			code = 1
-		} else {
-			fmt.Fprintf(os.Stderr, "leak scan: %d secret values absent from %d bytes of stack log and the audit stream\n", secrets.len(), earlierLogs.Len()+len(stack.Log()))
-		}
-	}
-	if code != 0 {
-		fmt.Fprintln(os.Stderr, "---- nexus up log (tail) ----")
-		log := stack.Log()
-		if len(log) > 20000 {
-			log = log[len(log)-20000:]
-		}
-		fmt.Fprintln(os.Stderr, log)
-	}
-	stack.Stop()
-	return code
+	f.Cleanup(udpSeen.close)
+	f.Env("NEXUS_RESOLVE="+strings.Join(resolve, ","), "NEXUS_EXTRA_CA="+caFile)
+	return nil
 }
 
-// testPKI makes a CA and one leaf for hosts, the way a private PKI would.
-func testPKI(hosts []string) ([]byte, tls.Certificate, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
+// leakScan fails the run when a token or placeholder appears in a log or an audit event.
+func leakScan(*testutil.Stack) error {
+	if leaks := scanForSecrets(); len(leaks) > 0 {
+		return fmt.Errorf("secrets leaked:\n  %s", strings.Join(leaks, "\n  "))
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nexus e2e upstream CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key}, nil
+	fmt.Fprintf(os.Stderr, "leak scan: %d secret values absent from %d bytes of stack log and the audit stream\n", secrets.len(), earlierLogs.Len()+len(stack.Log()))
+	return nil
 }
 
 // seen is one request that reached a fake upstream.
@@ -184,24 +102,16 @@ type seen struct {
 // upstream is a fake internet host on loopback that records every request.
 type upstream struct {
 	name string
-	addr string
-	srv  *http.Server
+	srv  *testutil.Upstream
 	mu   sync.Mutex
 	reqs []seen
 }
 
 func startUpstream(name string, tc *tls.Config) (*upstream, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	u := &upstream{name: name, addr: ln.Addr().String()}
-	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
-	if tc != nil {
-		ln = tls.NewListener(ln, tc)
-	}
-	go u.srv.Serve(ln)
-	return u, nil
+	u := &upstream{name: name}
+	var err error
+	u.srv, err = testutil.ServeUpstream(name, u, tc)
+	return u, err
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -45,47 +45,20 @@ type sshServer struct {
 }
 
 func TestMain(m *testing.M) {
-	if err := testutil.QEMUAvailable(); err != nil {
-		if os.Getenv("CI") != "" {
-			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
-			os.Exit(1)
+	testutil.Main(m, &stack, testutil.Setup(func(f *testutil.Fixture) error {
+		var err error
+		srv, err = startSSHServer()
+		if srv != nil {
+			f.Cleanup(srv.stop)
 		}
-		fmt.Fprintln(os.Stderr, "skipping git relay tests:", err)
-		os.Exit(0)
-	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	var err error
-	srv, err = startSSHServer()
-	if srv != nil {
-		defer srv.stop()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e/gitrelay: ssh server:", err)
-		return 1
-	}
-	stack, err = testutil.StartStack(
-		"SSH_AUTH_SOCK="+srv.agentSck,
-		"NEXUS_GITRELAY_SSH_OPTS="+strings.Join(srv.sshOpts, " "),
-		fmt.Sprintf("NEXUS_GITRELAY_HOSTS=github.com=%s@127.0.0.1:%d", srv.user, srv.port),
-	)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintln(os.Stderr, "---- nexus up log (tail) ----")
-		log := stack.Log()
-		if len(log) > 20000 {
-			log = log[len(log)-20000:]
+		if err != nil {
+			return fmt.Errorf("e2e/gitrelay: ssh server: %w", err)
 		}
-		fmt.Fprintln(os.Stderr, log)
-	}
-	stack.Stop()
-	return code
+		f.Env("SSH_AUTH_SOCK="+srv.agentSck,
+			"NEXUS_GITRELAY_SSH_OPTS="+strings.Join(srv.sshOpts, " "),
+			fmt.Sprintf("NEXUS_GITRELAY_HOSTS=github.com=%s@127.0.0.1:%d", srv.user, srv.port))
+		return nil
+	}))
 }
 
 func (s *sshServer) stop() {

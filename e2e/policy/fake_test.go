@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cgi"
 	"os"
@@ -13,7 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"time"
+
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 // seen is one request that reached a fake upstream.
@@ -45,23 +45,12 @@ func (r *recorder) find(prefix string) []seen {
 	return out
 }
 
-func serve(h http.Handler, tc *tls.Config) (string, *http.Server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(tls.NewListener(ln, tc))
-	return ln.Addr().String(), srv, nil
-}
-
 // fakeGitHub is github.com: real repositories over git smart-HTTP (git http-backend as CGI),
 // archive and release downloads.
 type fakeGitHub struct {
 	recorder
 	root    string
-	addr    string
-	srv     *http.Server
+	srv     *testutil.Upstream
 	backend *cgi.Handler
 }
 
@@ -74,7 +63,7 @@ func startGitHub(root string, tc *tls.Config) (*fakeGitHub, error) {
 	}
 	g := &fakeGitHub{root: root, backend: &cgi.Handler{Path: gitBin, Args: []string{"http-backend"},
 		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}}
-	g.addr, g.srv, err = serve(g, tc)
+	g.srv, err = testutil.ServeUpstream("github.com", g, tc)
 	return g, err
 }
 
@@ -136,14 +125,13 @@ func hostGit(dir string, args ...string) (string, error) {
 // fakeAPI is api.github.com.
 type fakeAPI struct {
 	recorder
-	addr string
-	srv  *http.Server
+	srv *testutil.Upstream
 }
 
 func startAPI(tc *tls.Config) (*fakeAPI, error) {
 	a := &fakeAPI{}
 	var err error
-	a.addr, a.srv, err = serve(a, tc)
+	a.srv, err = testutil.ServeUpstream("api.github.com", a, tc)
 	return a, err
 }
 

@@ -5,22 +5,15 @@
 package policy_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
+	"errors"
 	"fmt"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/IniZio/nexus/internal/testutil"
 )
@@ -36,119 +29,59 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if err := testutil.QEMUAvailable(); err != nil {
-		if os.Getenv("CI") != "" {
-			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
-			os.Exit(1)
-		}
-		fmt.Fprintln(os.Stderr, "skipping policy tests:", err)
-		os.Exit(0)
-	}
 	if _, err := exec.LookPath("git"); err != nil {
 		fmt.Fprintln(os.Stderr, "policy tests need git on the host:", err)
 		os.Exit(1)
 	}
-	os.Exit(run(m))
+	testutil.Main(m, &stack, testutil.Setup(setup), testutil.Started(storeToken), testutil.Check(tokenNotLogged))
 }
 
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "nexus-policy-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	gitEnv = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
+// setup starts the fake github.com (with its bare repos) and api.github.com.
+func setup(f *testutil.Fixture) error {
+	gitEnv = append(os.Environ(), "HOME="+f.Dir, "XDG_CONFIG_HOME="+f.Dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
 		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	caPEM, leaf, err := testPKI([]string{"github.com", "api.github.com"})
+	pki, err := testutil.NewPKI("github.com", "api.github.com")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "test pki:", err)
-		return 1
+		return fmt.Errorf("test pki: %w", err)
 	}
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	caFile, err := pki.WriteCA(f.Dir)
+	if err != nil {
+		return err
 	}
-	tc := &tls.Config{Certificates: []tls.Certificate{leaf}}
-	if gh, err = startGitHub(filepath.Join(dir, "repos"), tc); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if gh, err = startGitHub(filepath.Join(f.Dir, "repos"), pki.ServerConfig()); err != nil {
+		return err
 	}
-	defer gh.close()
+	f.Cleanup(gh.close)
 	for _, repo := range []string{"acme/app", "evil/leak"} {
 		if err := gh.bareRepo(repo); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 	}
-	if api, err = startAPI(tc); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if api, err = startAPI(pki.ServerConfig()); err != nil {
+		return err
 	}
-	defer api.close()
+	f.Cleanup(api.close)
+	f.Env("NEXUS_RESOLVE="+gh.srv.Resolve()+","+api.srv.Resolve(), "NEXUS_EXTRA_CA="+caFile)
+	return nil
+}
 
-	stack, err = testutil.StartStack("NEXUS_RESOLVE=github.com="+gh.addr+",api.github.com="+api.addr, "NEXUS_EXTRA_CA="+caFile)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+// storeToken puts a real-looking GH_TOKEN in the stack's secret store.
+func storeToken(s *testutil.Stack) error {
 	b := make([]byte, 20)
 	rand.Read(b)
 	ghToken = "ghp_" + hex.EncodeToString(b)
-	if _, errOut, code := stack.NexusIn(nopTB{}, []byte(ghToken+"\n"), "secret", "set", "GH_TOKEN"); code != 0 {
-		fmt.Fprintln(os.Stderr, "secret set GH_TOKEN:", errOut)
-		stack.Stop()
-		return 1
+	if _, errOut, code := s.NexusIn(nopTB{}, []byte(ghToken+"\n"), "secret", "set", "GH_TOKEN"); code != 0 {
+		return fmt.Errorf("secret set GH_TOKEN: %s", errOut)
 	}
-	code := m.Run()
-	if code == 0 && strings.Contains(stack.Log(), ghToken) {
-		fmt.Fprintln(os.Stderr, "FAIL: the real GH_TOKEN appears in the nexus up log")
-		code = 1
-	}
-	if code != 0 {
-		log := stack.Log()
-		if len(log) > 20000 {
-			log = log[len(log)-20000:]
-		}
-		fmt.Fprintln(os.Stderr, "---- nexus up log (tail) ----\n"+log)
-	}
-	stack.Stop()
-	return code
+	return nil
 }
 
-// testPKI makes a CA and one leaf for hosts.
-func testPKI(hosts []string) ([]byte, tls.Certificate, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
+// tokenNotLogged fails the run when the real GH_TOKEN appears in the stack's log.
+func tokenNotLogged(s *testutil.Stack) error {
+	if strings.Contains(s.Log(), ghToken) {
+		return errors.New("the real GH_TOKEN appears in the nexus up log")
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nexus e2e policy CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]}, DNSNames: hosts,
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key}, nil
+	return nil
 }
 
 // nopTB lets TestMain use the stack's CLI helper.

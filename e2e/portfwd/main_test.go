@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +26,6 @@ import (
 var (
 	st       *stack
 	setupErr error
-	errQEMU  = errors.New("QEMU is not available")
 )
 
 // sandbox is the sandbox most tests use.
@@ -36,9 +34,8 @@ const sandbox = "pf"
 func TestMain(m *testing.M) {
 	flag.Parse()
 	os.Exit(func() int {
-		if err := testutil.QEMUAvailable(); err != nil {
-			setupErr = fmt.Errorf("%w: %v", errQEMU, err)
-			return m.Run()
+		if testutil.QEMUAvailable() != nil {
+			return m.Run() // every test skips, or fails under CI, in need
 		}
 		st, setupErr = startStack()
 		if st != nil {
@@ -61,12 +58,7 @@ func TestMain(m *testing.M) {
 // need returns the running stack, or skips (fails when CI is set) without QEMU.
 func need(t testing.TB) *stack {
 	t.Helper()
-	if errors.Is(setupErr, errQEMU) {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set and %v", setupErr)
-		}
-		t.Skip(setupErr)
-	}
+	testutil.RequireQEMU(t)
 	if setupErr != nil {
 		t.Fatal(setupErr)
 	}
@@ -93,7 +85,7 @@ func startStack() (*stack, error) {
 		os.MkdirAll(filepath.Join(root, d), 0o700)
 	}
 	cache := testutil.CacheDir()
-	busPort, err := freeTCPPort()
+	busPort, err := testutil.BusPort()
 	if err != nil {
 		return s, err
 	}
@@ -259,13 +251,4 @@ func (s *stack) forward(name string, port uint16) (api.Forward, error) {
 		}
 	}
 	return api.Forward{}, fmt.Errorf("port %d not in nexus ports %s: %+v", port, name, list)
-}
-
-func freeTCPPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -294,10 +294,55 @@ func BusPort() (int, error) {
 	return 0, errors.New("testutil: no free port below the ephemeral range")
 }
 
-// Main is the TestMain of an end-to-end package: it starts one stack (with extraEnv), points
-// *s at it, runs the tests, prints the tail of the stack's log when a test failed, and stops
-// it. Without QEMU it exits 0 (the package is skipped), or 1 under CI.
-func Main(m *testing.M, s **Stack, extraEnv ...string) {
+// Fixture is what an end-to-end package prepares before its stack starts: fake upstreams,
+// servers, CA files. Dir is a temp dir removed after the run.
+type Fixture struct {
+	Dir      string
+	env      []string
+	cleanups []func()
+}
+
+// Env adds K=V settings to the stack's environment.
+func (f *Fixture) Env(kv ...string) { f.env = append(f.env, kv...) }
+
+// Cleanup registers fn to run after the stack has stopped, last registered first.
+func (f *Fixture) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+
+// Option shapes Main.
+type Option func(*suite)
+
+type suite struct {
+	setup   []func(*Fixture) error
+	started []func(*Stack) error
+	checks  []func(*Stack) error
+}
+
+// Setup runs f before the stack starts (in order with other Setups); a failure ends the run.
+func Setup(f func(*Fixture) error) Option {
+	return func(s *suite) { s.setup = append(s.setup, f) }
+}
+
+// Env starts the stack with extra K=V settings.
+func Env(kv ...string) Option {
+	return Setup(func(f *Fixture) error { f.Env(kv...); return nil })
+}
+
+// Started runs f once the stack answers, before the tests (e.g. to store a secret).
+func Started(f func(*Stack) error) Option {
+	return func(s *suite) { s.started = append(s.started, f) }
+}
+
+// Check runs f after the tests passed, while the stack still runs (e.g. a leak scan of its log
+// and audit stream); an error fails the package.
+func Check(f func(*Stack) error) Option {
+	return func(s *suite) { s.checks = append(s.checks, f) }
+}
+
+// Main is the TestMain of an end-to-end package: it runs the Setups, starts one stack with
+// their environment, points *s at it, runs the tests and the Checks, prints the tail of the
+// stack's log when anything failed, stops the stack and runs the fixtures' cleanups. Without
+// QEMU it exits 0 (the package is skipped), or 1 under CI.
+func Main(m *testing.M, s **Stack, opts ...Option) {
 	if err := QEMUAvailable(); err != nil {
 		if os.Getenv("CI") != "" {
 			fmt.Fprintln(os.Stderr, "CI needs QEMU:", err)
@@ -306,13 +351,58 @@ func Main(m *testing.M, s **Stack, extraEnv ...string) {
 		fmt.Fprintln(os.Stderr, "skipping VM tests:", err)
 		os.Exit(0)
 	}
-	st, err := StartStack(extraEnv...)
+	var cfg suite
+	for _, o := range opts {
+		o(&cfg)
+	}
+	os.Exit(cfg.run(m, s))
+}
+
+func (cfg *suite) run(m *testing.M, s **Stack) int {
+	dir, err := os.MkdirTemp("", "nexus-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
+	}
+	f := &Fixture{Dir: dir}
+	defer func() {
+		for i := len(f.cleanups) - 1; i >= 0; i-- {
+			f.cleanups[i]()
+		}
+		os.RemoveAll(dir)
+	}()
+	for _, setup := range cfg.setup {
+		if err := setup(f); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e setup:", err)
+			return 1
+		}
+	}
+	st, err := StartStack(f.env...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	*s = st
-	code := m.Run()
+	defer st.Stop()
+	code := 0
+	for _, started := range cfg.started {
+		if err := started(st); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e setup:", err)
+			code = 1
+			break
+		}
+	}
+	if code == 0 {
+		code = m.Run()
+	}
+	if code == 0 {
+		for _, check := range cfg.checks {
+			if err := check(st); err != nil {
+				fmt.Fprintln(os.Stderr, "FAIL:", err)
+				code = 1
+			}
+		}
+	}
 	if code != 0 {
 		log := st.Log()
 		if len(log) > 20000 {
@@ -320,6 +410,5 @@ func Main(m *testing.M, s **Stack, extraEnv ...string) {
 		}
 		fmt.Fprintf(os.Stderr, "---- nexus up log (tail) ----\n%s\n", log)
 	}
-	st.Stop()
-	os.Exit(code)
+	return code
 }
