@@ -65,6 +65,7 @@ func permissions(user string) *server.Permissions {
 		}
 	}
 	with := func(base []string, more ...string) []string { return append(append([]string{}, base...), more...) }
+	credResolve := CredAPI.Subject("", CredResolveVerb)
 	switch user {
 	case UserAdmin:
 		return nil // all subjects
@@ -72,32 +73,32 @@ func permissions(user string) *server.Permissions {
 		return p(with(jsRead, "$JS.API.>", "$SRV.>"), []string{"$SRV.>"})
 	case UserGateway:
 		perm := p(with(jsRead,
-			VMMPrefix+".>", NetstackPrefix+".>", MITMPrefix+".>", CredPrefix+".>", GitrelayPrefix+".>", PortfwdPrefix+".>",
+			VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
 			EventsPrefix+".>", StreamPrefix+".>", AuditPrefix+".>",
 			"$KV."+KVSandboxes+".>", "$KV."+KVLeases+".>", "$KV."+KVSnapshots+".>", "$SRV.>"),
-			[]string{GatewayPrefix + ".>", EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
-		perm.Publish.Deny = []string{CredResolve}
+			[]string{GatewayAPI.All(), EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
+		perm.Publish.Deny = []string{credResolve}
 		return perm
 	case UserVMM:
 		return p(with(jsRead, EventsPrefix+".>", StreamPrefix+".*.out", "$KV."+KVSnapshots+".>", "$SRV.>"),
-			[]string{VMMPrefix + ".>", StreamPrefix + ".*.in", "$SRV.>"})
+			[]string{VMMAPI.All(), StreamPrefix + ".*.in", "$SRV.>"})
 	case UserNetstack:
 		return p(with(jsRead, AuditPrefix+".egress.>", EventsPrefix+".>", "$SRV.>"),
-			[]string{NetstackPrefix + ".>", "$SRV.>"})
+			[]string{NetstackAPI.All(), "$SRV.>"})
 	case UserMITM:
-		return p(with(jsRead, CredResolve, AuditPrefix+".egress.>", "$SRV.>"),
-			[]string{MITMPrefix + ".>", "$SRV.>"})
+		return p(with(jsRead, credResolve, AuditPrefix+".egress.>", "$SRV.>"),
+			[]string{MITMAPI.All(), "$SRV.>"})
 	case UserCredbroker:
 		return p(with(jsRead, AuditPrefix+".egress.>", "$SRV.>"),
-			[]string{CredPrefix + ".>", "$SRV.>"})
+			[]string{CredAPI.All(), "$SRV.>"})
 	case UserGitrelay:
 		return p(with(jsRead, AuditPrefix+".egress.>", "$SRV.>"),
-			[]string{GitrelayPrefix + ".>", "$SRV.>"})
+			[]string{GitrelayAPI.All(), "$SRV.>"})
 	case UserPortfwd:
 		return p(with(jsRead, EventsPrefix+".ports.>", "$KV."+KVPorts+".>", "$SRV.>"),
-			[]string{PortfwdPrefix + ".>", EventsPrefix + ".>", "$SRV.>"})
+			[]string{PortfwdAPI.All(), EventsPrefix + ".>", "$SRV.>"})
 	case UserCLI:
-		return p(with(jsRead, GatewayPrefix+".>", StreamPrefix+".*.in", "$SRV.>", "$KV."+KVLeases+".>"),
+		return p(with(jsRead, GatewayAPI.All(), StreamPrefix+".*.in", "$SRV.>", "$KV."+KVLeases+".>"),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
 	}
 	// Unknown users get nothing at all.

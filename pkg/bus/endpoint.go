@@ -1,0 +1,87 @@
+package bus
+
+import (
+	"context"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// Scope is the subject space of one service's request/reply API: nexus.<name>.<verb>, or
+// nexus.<name>.<host>.<verb> for a service that runs once per host.
+type Scope struct {
+	Name    string // the token after "nexus.": gateway, vmm, cred, …
+	PerHost bool
+}
+
+// The API scopes of the nexus services. The permission table (users.go) grants them whole, so
+// an endpoint declared in a scope is covered by its service's permissions.
+var (
+	GatewayAPI  = Scope{Name: "gateway"}
+	VMMAPI      = Scope{Name: "vmm", PerHost: true}
+	NetstackAPI = Scope{Name: "netstack", PerHost: true}
+	MITMAPI     = Scope{Name: "mitm", PerHost: true}
+	CredAPI     = Scope{Name: "cred"}
+	GitrelayAPI = Scope{Name: "gitrelay", PerHost: true}
+	PortfwdAPI  = Scope{Name: "portfwd", PerHost: true}
+)
+
+// Subject is the subject of verb on host; host is ignored unless the scope is per host.
+func (s Scope) Subject(host, verb string) string {
+	if s.PerHost {
+		return "nexus." + s.Name + "." + host + "." + verb
+	}
+	return "nexus." + s.Name + "." + verb
+}
+
+// All matches every subject of the scope, on every host: nexus.<name>.>.
+func (s Scope) All() string { return "nexus." + s.Name + ".>" }
+
+// Verbs the permission table names one by one (users.go); their contracts declare the
+// endpoint with the same constant, so a permission cannot drift from its subject.
+const (
+	// CredResolveVerb is nexus.cred.resolve: only the mitm may request it.
+	CredResolveVerb = "resolve"
+)
+
+// Endpoint is one request/reply verb of a service: declared once, as a value, in the
+// service's pkg/api contract, and used both to serve it (Serve) and to call it (Call), so the
+// request and response types of the two sides cannot disagree.
+type Endpoint[Req, Resp any] struct {
+	Scope Scope
+	// Verb is one or more dot-separated words: "list", "sandbox.create", "snapshot.remove".
+	Verb string
+}
+
+// Route is what every endpoint has whatever its types: enough to list, permit and test it.
+type Route interface {
+	Subject(host string) string
+	Name() string
+	API() Scope
+}
+
+// Subject is the endpoint's subject on host (ignored unless the scope is per host).
+func (e Endpoint[Req, Resp]) Subject(host string) string { return e.Scope.Subject(host, e.Verb) }
+
+// Name is the micro endpoint name (`nats micro info`): the verb with dashes for dots.
+func (e Endpoint[Req, Resp]) Name() string { return strings.ReplaceAll(e.Verb, ".", "-") }
+
+// API is the endpoint's scope.
+func (e Endpoint[Req, Resp]) API() Scope { return e.Scope }
+
+// Serve adds the endpoint to s, on s's host, with fn as its handler (see Handle).
+func (e Endpoint[Req, Resp]) Serve(s *Service, fn func(ctx context.Context, req Req) (Resp, error)) error {
+	return Handle(s, e.Name(), e.Subject(s.info.Host), fn)
+}
+
+// Call sends req to the endpoint on host and decodes the reply (see Request). A per-host
+// endpoint needs a host.
+func (e Endpoint[Req, Resp]) Call(ctx context.Context, nc *nats.Conn, host string, req Req) (Resp, error) {
+	if e.Scope.PerHost && host == "" {
+		var zero Resp
+		return zero, errdefs.Invalid("%s: no host given for a per-host endpoint", e.Subject("<host>"))
+	}
+	return Request[Resp](ctx, nc, e.Subject(host), req)
+}
