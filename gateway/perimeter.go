@@ -40,7 +40,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 			dir := filepath.Join(h, prof.CredDir)
 			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
 				p.mounts = append(p.mounts, vmmapi.Mount{Host: dir, Guest: prof.GuestCredPath, Remount: true})
-				bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectGuard, credapi.GuardRequest{SandboxID: sb.ID})
+				g.cred().Guard(ctx, sb.ID)
 			}
 		}
 	}
@@ -51,7 +51,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	if plan.egress.Mode == api.EgressCurated {
 		var creds []mitmapi.CredentialBinding
 		if b := plan.bindings(); len(b) > 0 {
-			minted, err := bus.Request[credapi.MintResponse](ctx, g.cfg.Bus, credapi.SubjectMint, credapi.MintRequest{SandboxID: sb.ID, Bindings: b})
+			minted, err := g.cred().Mint(ctx, credapi.MintRequest{SandboxID: sb.ID, Bindings: b})
 			if err != nil {
 				return nil, err
 			}
@@ -97,7 +97,7 @@ func (g *Service) teardownPerimeter(ctx context.Context, sb *api.Sandbox) error 
 	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbForget), mitmapi.ForgetRequest{ID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
 	}
-	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectForget, credapi.ForgetRequest{SandboxID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := g.cred().Forget(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -111,7 +111,7 @@ func randomHex(n int) string {
 
 // secretExists asks credbroker whether a named secret is stored.
 func (g *Service) secretExists(ctx context.Context) func(string) bool {
-	list, err := bus.Request[credapi.SecretListResponse](ctx, g.cfg.Bus, credapi.SubjectSecretList, struct{}{})
+	list, err := g.cred().SecretList(ctx)
 	return func(name string) bool {
 		if err != nil {
 			return false

@@ -17,15 +17,15 @@ func (g *Service) secretSet(ctx context.Context, r credapi.SecretSetRequest) (st
 	if !secretNameRE.MatchString(r.Name) {
 		return struct{}{}, errdefs.Invalid("invalid secret name %q: use letters, digits, '_', '.', '-' (at most 64)", r.Name)
 	}
-	return bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectSecretSet, r)
+	return struct{}{}, g.cred().SecretSet(ctx, r)
 }
 
 func (g *Service) secretList(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
-	return bus.Request[credapi.SecretListResponse](ctx, g.cfg.Bus, credapi.SubjectSecretList, struct{}{})
+	return g.cred().SecretList(ctx)
 }
 
 func (g *Service) secretRemove(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
-	return bus.Request[struct{}](ctx, g.cfg.Bus, credapi.SubjectSecretRemove, r)
+	return struct{}{}, g.cred().SecretRemove(ctx, r.Name)
 }
 
 func (g *Service) egressShow(ctx context.Context, r api.NameRequest) (api.EgressView, error) {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
@@ -128,6 +129,7 @@ func (g *Service) Run(ctx context.Context) error {
 }
 
 func (g *Service) vmm(host string) *vmmapi.Client { return vmmapi.NewClient(g.cfg.Bus, host) }
+func (g *Service) cred() *credapi.Client          { return credapi.NewClient(g.cfg.Bus) }
 
 // create validates the request, records the sandbox and boots it. A failed boot leaves the
 // record in state failed with the reason, and no VM behind it.

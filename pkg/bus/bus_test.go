@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/IniZio/nexus/internal/testutil"
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
@@ -57,7 +58,7 @@ func TestPublishOutsidePermissionsIsRefused(t *testing.T) {
 	}
 	defer nc.Close()
 	// Only mitm may ask credbroker to resolve a placeholder.
-	if err := nc.Publish(bus.CredResolve, []byte(`{}`)); err != nil {
+	if err := nc.Publish(credapi.Resolve.Subject(""), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	nc.Flush()
@@ -72,12 +73,12 @@ func TestPublishOutsidePermissionsIsRefused(t *testing.T) {
 	// And a request through the typed helper says so in one sentence.
 	short, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, err = bus.Request[struct{}](short, b.Connect(t, bus.UserNetstack), bus.CredResolve, struct{}{})
+	_, err = credapi.NewClient(b.Connect(t, bus.UserNetstack)).Resolve(short, credapi.ResolveRequest{})
 	if err == nil || !errors.Is(err, errdefs.ErrRefused) && !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("request outside permissions: got %v", err)
 	}
 	// mitm may.
-	if err := b.Connect(t, bus.UserMITM).Publish(bus.CredResolve, []byte(`{}`)); err != nil {
+	if err := b.Connect(t, bus.UserMITM).Publish(credapi.Resolve.Subject(""), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -16,7 +16,6 @@ const (
 	EventsPrefix    = "nexus.events"
 	AuditPrefix     = "nexus.audit"
 	StreamPrefix    = "nexus.stream"
-	CredResolve     = "nexus.cred.resolve"
 	AuditEgressWild = "nexus.audit.egress.>"
 
 	// KV buckets.

@@ -57,28 +57,28 @@ func (s *Service) Run(ctx context.Context) error {
 	info := bus.ServiceInfo{Name: "credbroker", Version: s.cfg.Version, Host: s.cfg.Host, Description: "secrets, placeholders, credential guardian"}
 	return bus.Serve(ctx, s.cfg.Bus, info, s.cfg.Log, func(svc *bus.Service) error {
 		for _, err := range []error{
-			bus.Handle(svc, "resolve", credapi.SubjectResolve, func(ctx context.Context, r credapi.ResolveRequest) (credapi.ResolveResponse, error) {
+			credapi.Resolve.Serve(svc, func(ctx context.Context, r credapi.ResolveRequest) (credapi.ResolveResponse, error) {
 				v, err := s.broker.Resolve(ctx, r.SandboxID, r.Host, r.Placeholder)
 				return credapi.ResolveResponse{Value: v}, err
 			}),
-			bus.Handle(svc, "mint", credapi.SubjectMint, func(ctx context.Context, r credapi.MintRequest) (credapi.MintResponse, error) {
+			credapi.Mint.Serve(svc, func(ctx context.Context, r credapi.MintRequest) (credapi.MintResponse, error) {
 				return s.broker.Mint(r)
 			}),
-			bus.Handle(svc, "forget", credapi.SubjectForget, func(ctx context.Context, r credapi.ForgetRequest) (struct{}, error) {
+			credapi.Forget.Serve(svc, func(ctx context.Context, r credapi.ForgetRequest) (struct{}, error) {
 				s.disarm(r.SandboxID)
 				return struct{}{}, s.broker.Forget(r.SandboxID)
 			}),
-			bus.Handle(svc, "secret-set", credapi.SubjectSecretSet, func(ctx context.Context, r credapi.SecretSetRequest) (struct{}, error) {
+			credapi.SecretSet.Serve(svc, func(ctx context.Context, r credapi.SecretSetRequest) (struct{}, error) {
 				return struct{}{}, s.broker.Set(r)
 			}),
-			bus.Handle(svc, "secret-list", credapi.SubjectSecretList, func(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
+			credapi.SecretList.Serve(svc, func(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
 				list, err := s.broker.List()
 				return credapi.SecretListResponse{Secrets: list}, err
 			}),
-			bus.Handle(svc, "secret-rm", credapi.SubjectSecretRemove, func(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
+			credapi.SecretRemove.Serve(svc, func(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
 				return struct{}{}, s.broker.Remove(r.Name)
 			}),
-			bus.Handle(svc, "guard", credapi.SubjectGuard, func(ctx context.Context, r credapi.GuardRequest) (struct{}, error) {
+			credapi.Guard.Serve(svc, func(ctx context.Context, r credapi.GuardRequest) (struct{}, error) {
 				s.arm(r.SandboxID)
 				return struct{}{}, nil
 			}),

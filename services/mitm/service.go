@@ -182,8 +182,7 @@ func (s *Service) load() {
 
 // resolve asks credbroker for the real value behind a placeholder.
 func (s *Service) resolve(ctx context.Context, sandboxID, host, placeholder string) (string, error) {
-	resp, err := bus.Request[credapi.ResolveResponse](ctx, s.cfg.Bus, credapi.SubjectResolve,
-		credapi.ResolveRequest{SandboxID: sandboxID, Host: host, Placeholder: placeholder})
+	resp, err := credapi.NewClient(s.cfg.Bus).Resolve(ctx, credapi.ResolveRequest{SandboxID: sandboxID, Host: host, Placeholder: placeholder})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrRefused) || errors.Is(err, errdefs.ErrNotFound) {
 			return "", err

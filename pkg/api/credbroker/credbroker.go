@@ -7,21 +7,32 @@
 package credbroker
 
 import (
+	"context"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+	"github.com/IniZio/nexus/pkg/bus"
 )
 
-// Subjects. Only the mitm may request SubjectResolve (bus permissions).
-const (
-	SubjectResolve      = "nexus.cred.resolve"
-	SubjectMint         = "nexus.cred.mint"
-	SubjectForget       = "nexus.cred.forget"
-	SubjectSecretSet    = "nexus.cred.secret.set"
-	SubjectSecretList   = "nexus.cred.secret.list"
-	SubjectSecretRemove = "nexus.cred.secret.rm"
+// Endpoints, on nexus.cred.<verb>. Only the mitm may call Resolve (bus permissions).
+var (
+	Resolve      = bus.Endpoint[ResolveRequest, ResolveResponse]{Scope: bus.CredAPI, Verb: bus.CredResolveVerb}
+	Mint         = bus.Endpoint[MintRequest, MintResponse]{Scope: bus.CredAPI, Verb: "mint"}
+	Guard        = bus.Endpoint[GuardRequest, Empty]{Scope: bus.CredAPI, Verb: "guard"}
+	Forget       = bus.Endpoint[ForgetRequest, Empty]{Scope: bus.CredAPI, Verb: "forget"}
+	SecretSet    = bus.Endpoint[SecretSetRequest, Empty]{Scope: bus.CredAPI, Verb: "secret.set"}
+	SecretList   = bus.Endpoint[Empty, SecretListResponse]{Scope: bus.CredAPI, Verb: "secret.list"}
+	SecretRemove = bus.Endpoint[SecretRemoveRequest, Empty]{Scope: bus.CredAPI, Verb: "secret.remove"}
 )
+
+// Endpoints lists every endpoint of the contract (the bus tests check their permissions).
+var Endpoints = []bus.Route{Resolve, Mint, Guard, Forget, SecretSet, SecretList, SecretRemove}
+
+// Empty is the request or response of endpoints that carry nothing.
+type Empty = struct{}
 
 // Credential kinds; each seeds its own guest variable besides NEXUS_CRED_<HOST>_TOKEN.
 const (
@@ -123,11 +134,40 @@ type SecretRemoveRequest struct {
 	Name string `json:"name"`
 }
 
-// SubjectGuard arms the Claude credential guardian for a sandbox that live-mounts the host's
-// credentials; SubjectForget disarms it.
-const SubjectGuard = "nexus.cred.guard"
-
-// GuardRequest names the sandbox that needs the guardian.
+// GuardRequest arms the Claude credential guardian for a sandbox that live-mounts the host's
+// credentials; Forget disarms it.
 type GuardRequest struct {
 	SandboxID string `json:"sandbox_id"`
+}
+
+// Client calls the credential broker.
+type Client struct{ nc *nats.Conn }
+
+// NewClient returns a credbroker client over nc.
+func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc} }
+
+func (c *Client) Resolve(ctx context.Context, r ResolveRequest) (ResolveResponse, error) {
+	return Resolve.Call(ctx, c.nc, "", r)
+}
+func (c *Client) Mint(ctx context.Context, r MintRequest) (MintResponse, error) {
+	return Mint.Call(ctx, c.nc, "", r)
+}
+func (c *Client) Guard(ctx context.Context, id string) error {
+	_, err := Guard.Call(ctx, c.nc, "", GuardRequest{SandboxID: id})
+	return err
+}
+func (c *Client) Forget(ctx context.Context, id string) error {
+	_, err := Forget.Call(ctx, c.nc, "", ForgetRequest{SandboxID: id})
+	return err
+}
+func (c *Client) SecretSet(ctx context.Context, r SecretSetRequest) error {
+	_, err := SecretSet.Call(ctx, c.nc, "", r)
+	return err
+}
+func (c *Client) SecretList(ctx context.Context) (SecretListResponse, error) {
+	return SecretList.Call(ctx, c.nc, "", Empty{})
+}
+func (c *Client) SecretRemove(ctx context.Context, name string) error {
+	_, err := SecretRemove.Call(ctx, c.nc, "", SecretRemoveRequest{Name: name})
+	return err
 }

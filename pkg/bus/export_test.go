@@ -1,0 +1,4 @@
+package bus
+
+// Permissions is the permission table, for the contract tests in bus_test.
+var Permissions = permissions
