@@ -25,8 +25,8 @@ func TestBenchHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	write(t, filepath.Join(repo, "scripts", "bench.sh"), string(script), 0o755)
-	write(t, filepath.Join(repo, "BENCH.md"), "old figures\n", 0o644)
+	writeBenchFile(t, filepath.Join(repo, "scripts", "bench.sh"), string(script), 0o755)
+	writeBenchFile(t, filepath.Join(repo, "BENCH.md"), "old figures\n", 0o644)
 	git := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"}, args...)...)
@@ -44,9 +44,9 @@ func TestBenchHeader(t *testing.T) {
 
 	// A QEMU that only tells its version, and probe results for it and for another version.
 	bin := t.TempDir()
-	write(t, filepath.Join(bin, "qemu-system-x86_64"), "#!/bin/sh\necho 'QEMU emulator version 9.1.5 (test)'\n", 0o755)
+	writeBenchFile(t, filepath.Join(bin, "qemu-system-x86_64"), "#!/bin/sh\necho 'QEMU emulator version 9.1.5 (test)'\n", 0o755)
 	cache := t.TempDir()
-	write(t, filepath.Join(cache, "accel.json"), `{
+	writeBenchFile(t, filepath.Join(cache, "accel.json"), `{
   "qemu 7.2.22 kernel 6.1.0-57-amd64": {
     "accel": "tcg",
     "reason": "kvm probe boot failed"
@@ -97,11 +97,11 @@ func TestBenchHeader(t *testing.T) {
 	}
 
 	// Rewriting BENCH.md is what a run does: still clean. Any other change is dirty.
-	write(t, filepath.Join(repo, "BENCH.md"), "new figures\n", 0o644)
+	writeBenchFile(t, filepath.Join(repo, "BENCH.md"), "new figures\n", 0o644)
 	if c := header()["commit"]; !strings.HasSuffix(c, ", clean") {
 		t.Errorf("with only BENCH.md changed, commit = %q, want clean", c)
 	}
-	write(t, filepath.Join(repo, "scripts", "bench.sh"), string(script)+"\n", 0o755)
+	writeBenchFile(t, filepath.Join(repo, "scripts", "bench.sh"), string(script)+"\n", 0o755)
 	if c := header()["commit"]; !strings.HasSuffix(c, "), dirty: tracked files changed: 1") {
 		t.Errorf("with a script change, commit = %q, want dirty", c)
 	}
@@ -110,7 +110,7 @@ func TestBenchHeader(t *testing.T) {
 	}
 }
 
-func write(t *testing.T, path, content string, mode os.FileMode) {
+func writeBenchFile(t *testing.T, path, content string, mode os.FileMode) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
