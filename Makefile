@@ -9,7 +9,7 @@ export NEXUS_CACHE ?= $(NEXUS_HOME)/cache
 export NEXUS_BIN_DIR := $(CURDIR)/bin
 # apt packages the stack and its tests need; installed only when missing.
 APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fsprogs tmux \
-	openssh-server openssh-client git curl ca-certificates socat
+	openssh-server openssh-client git curl ca-certificates socat systemd
 # Peers that benchmarks compare against.
 BENCH_PKGS := passt mitmproxy iperf3
 # Packages with VMs are tested one at a time without -race; everything else in parallel with
