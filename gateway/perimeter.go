@@ -13,7 +13,6 @@ import (
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/profile"
 )
@@ -64,10 +63,10 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 		if req := requestPolicy(sb); !req.Empty() {
 			pol.Requests = &req
 		}
-		if _, err := bus.Request[mitmapi.RegisterResponse](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbRegister), mitmapi.RegisterRequest{Policy: pol}); err != nil {
+		if _, err := mitmapi.NewClient(g.cfg.Bus, sb.Host).Register(ctx, pol); err != nil {
 			return nil, err
 		}
-		ca, err := bus.Request[mitmapi.CACertResponse](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbCACert), struct{}{})
+		ca, err := mitmapi.NewClient(g.cfg.Bus, sb.Host).CACert(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +80,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true,
 		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos},
 	}
-	if _, err := bus.Request[netapi.Info](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbCreate), spec); err != nil {
+	if _, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -91,10 +90,10 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 // fails, and absent state is not an error.
 func (g *Service) teardownPerimeter(ctx context.Context, sb *api.Sandbox) error {
 	var errs []error
-	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbRemove), netapi.RemoveRequest{SandboxID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := netapi.NewClient(g.cfg.Bus, sb.Host).Remove(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
 	}
-	if _, err := bus.Request[struct{}](ctx, g.cfg.Bus, mitmapi.Subject(sb.Host, mitmapi.VerbForget), mitmapi.ForgetRequest{ID: sb.ID}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := mitmapi.NewClient(g.cfg.Bus, sb.Host).Forget(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
 	}
 	if err := g.cred().Forget(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {

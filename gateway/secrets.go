@@ -7,7 +7,6 @@ import (
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -41,7 +40,7 @@ func (g *Service) egressShow(ctx context.Context, r api.NameRequest) (api.Egress
 	for _, s := range sb.Secrets {
 		v.Secrets = append(v.Secrets, s.Name)
 	}
-	if info, err := bus.Request[netapi.Info](ctx, g.cfg.Bus, netapi.Subject(sb.Host, netapi.VerbShow), netapi.ShowRequest{SandboxID: sb.ID}); err == nil {
+	if info, err := netapi.NewClient(g.cfg.Bus, sb.Host).Show(ctx, sb.ID); err == nil {
 		v.Network = &info
 	}
 	return v, nil

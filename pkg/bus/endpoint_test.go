@@ -15,6 +15,8 @@ import (
 
 	"github.com/IniZio/nexus/internal/testutil"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bus"
 )
 
@@ -29,6 +31,8 @@ type contract struct {
 
 var contracts = []contract{
 	{"credbroker", credapi.Endpoints, bus.UserCredbroker, []string{bus.UserGateway}},
+	{"mitm", mitmapi.Endpoints, bus.UserMITM, []string{bus.UserGateway}},
+	{"netstack", netapi.Endpoints, bus.UserNetstack, []string{bus.UserGateway}},
 }
 
 // callersOf names the endpoints whose callers are not their contract's.

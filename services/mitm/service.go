@@ -82,17 +82,16 @@ func (s *Service) Run(ctx context.Context) error {
 	go proxy.Serve(ln)
 	info := bus.ServiceInfo{Name: "mitm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "TLS MITM: SNI/Host allowlist and credential swap"}
 	return bus.Serve(ctx, s.cfg.Bus, info, s.cfg.Log, func(svc *bus.Service) error {
-		sub := func(verb string) string { return mitmapi.Subject(s.cfg.Host, verb) }
 		for _, err := range []error{
-			bus.Handle(svc, "register", sub(mitmapi.VerbRegister), func(ctx context.Context, r mitmapi.RegisterRequest) (mitmapi.RegisterResponse, error) {
+			mitmapi.Register.Serve(svc, func(ctx context.Context, r mitmapi.RegisterRequest) (mitmapi.RegisterResponse, error) {
 				return mitmapi.RegisterResponse{Addr: addr}, s.register(r.Policy)
 			}),
-			bus.Handle(svc, "forget", sub(mitmapi.VerbForget), func(ctx context.Context, r mitmapi.ForgetRequest) (struct{}, error) {
+			mitmapi.Forget.Serve(svc, func(ctx context.Context, r mitmapi.ForgetRequest) (struct{}, error) {
 				s.reg.Forget(r.ID)
 				os.Remove(s.policyPath(r.ID))
 				return struct{}{}, nil
 			}),
-			bus.Handle(svc, "cacert", sub(mitmapi.VerbCACert), func(ctx context.Context, _ struct{}) (mitmapi.CACertResponse, error) {
+			mitmapi.CACert.Serve(svc, func(ctx context.Context, _ struct{}) (mitmapi.CACertResponse, error) {
 				return mitmapi.CACertResponse{PEM: string(proxy.CACertPEM())}, nil
 			}),
 		} {

@@ -73,9 +73,8 @@ func (s *Service) Run(ctx context.Context) error {
 	store.restore(ctx, svc, cfg.Log)
 	info := bus.ServiceInfo{Name: "netstack", Version: cfg.Version, Host: cfg.Host, Description: "per-sandbox userspace network and L4 allowlist"}
 	return bus.Serve(ctx, cfg.Bus, info, cfg.Log, func(s *bus.Service) error {
-		sub := func(verb string) string { return netapi.Subject(cfg.Host, verb) }
 		for _, err := range []error{
-			bus.Handle(s, "create", sub(netapi.VerbCreate), func(ctx context.Context, r netapi.CreateRequest) (netapi.Info, error) {
+			netapi.Create.Serve(s, func(ctx context.Context, r netapi.CreateRequest) (netapi.Info, error) {
 				if err := os.MkdirAll(filepath.Dir(r.SocketPath), 0o700); err != nil {
 					return netapi.Info{}, err
 				}
@@ -85,14 +84,14 @@ func (s *Service) Run(ctx context.Context) error {
 				}
 				return info, err
 			}),
-			bus.Handle(s, "update", sub(netapi.VerbUpdate), func(ctx context.Context, r netapi.UpdateRequest) (netapi.Info, error) {
+			netapi.Update.Serve(s, func(ctx context.Context, r netapi.UpdateRequest) (netapi.Info, error) {
 				info, err := svc.UpdateNetwork(ctx, r.SandboxID, r.Policy)
 				if err == nil {
 					err = store.update(r.SandboxID, r.Policy)
 				}
 				return info, err
 			}),
-			bus.Handle(s, "remove", sub(netapi.VerbRemove), func(ctx context.Context, r netapi.RemoveRequest) (struct{}, error) {
+			netapi.Remove.Serve(s, func(ctx context.Context, r netapi.RemoveRequest) (struct{}, error) {
 				err := svc.RemoveNetwork(ctx, r.SandboxID)
 				if errors.Is(err, errdefs.ErrNotFound) {
 					err = nil
@@ -100,7 +99,7 @@ func (s *Service) Run(ctx context.Context) error {
 				store.remove(r.SandboxID)
 				return struct{}{}, err
 			}),
-			bus.Handle(s, "show", sub(netapi.VerbShow), func(ctx context.Context, r netapi.ShowRequest) (netapi.Info, error) {
+			netapi.Show.Serve(s, func(ctx context.Context, r netapi.ShowRequest) (netapi.Info, error) {
 				return svc.Show(r.SandboxID)
 			}),
 		} {

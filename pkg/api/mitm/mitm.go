@@ -1,5 +1,5 @@
-// Package mitm is the bus contract of the mitm service (DESIGN §5): subjects and the request and
-// response bodies the gateway and the netstack use to register sandboxes with the MITM and fetch
+// Package mitm is the bus contract of the mitm service (DESIGN §5): its endpoints, the request
+// and response bodies and a typed client the gateway and the netstack use to register sandboxes with the MITM and fetch
 // its CA certificate.
 //
 // Secrets never travel here: a sandbox's proxy token and its credential placeholders are sent as
@@ -7,22 +7,28 @@
 package mitm
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/httppolicy"
 )
 
-// Subject verbs; the full subject is nexus.mitm.<host>.<verb>.
-const (
-	Prefix       = "nexus.mitm"
-	VerbRegister = "register"
-	VerbForget   = "forget"
-	VerbCACert   = "cacert"
+// Endpoints, on nexus.mitm.<host>.<verb>.
+var (
+	Register = bus.Endpoint[RegisterRequest, RegisterResponse]{Scope: bus.MITMAPI, Verb: "register"}
+	Forget   = bus.Endpoint[ForgetRequest, Empty]{Scope: bus.MITMAPI, Verb: "forget"}
+	CACert   = bus.Endpoint[Empty, CACertResponse]{Scope: bus.MITMAPI, Verb: "cacert"}
 )
 
-// Subject builds nexus.mitm.<host>.<verb>.
-func Subject(host, verb string) string { return Prefix + "." + host + "." + verb }
+// Endpoints lists every endpoint of the contract (the bus tests check their permissions).
+var Endpoints = []bus.Route{Register, Forget, CACert}
+
+// Empty is the request or response of endpoints that carry nothing.
+type Empty = struct{}
 
 // SandboxPolicy is everything the MITM knows about one sandbox.
 type SandboxPolicy struct {
@@ -74,3 +80,23 @@ type RegisterResponse struct {
 // AddrFile is where, under $NEXUS_HOME/run, the mitm writes its listen address for the netstack
 // of the same host.
 const AddrFile = "mitm.addr"
+
+// Client calls the mitm of one host.
+type Client struct {
+	nc   *nats.Conn
+	host string
+}
+
+// NewClient returns a client for the mitm on host.
+func NewClient(nc *nats.Conn, host string) *Client { return &Client{nc: nc, host: host} }
+
+func (c *Client) Register(ctx context.Context, p SandboxPolicy) (RegisterResponse, error) {
+	return Register.Call(ctx, c.nc, c.host, RegisterRequest{Policy: p})
+}
+func (c *Client) Forget(ctx context.Context, id string) error {
+	_, err := Forget.Call(ctx, c.nc, c.host, ForgetRequest{ID: id})
+	return err
+}
+func (c *Client) CACert(ctx context.Context) (CACertResponse, error) {
+	return CACert.Call(ctx, c.nc, c.host, Empty{})
+}

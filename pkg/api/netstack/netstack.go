@@ -1,26 +1,53 @@
-// Package netstack is the contract of the netstack service: bus subjects and the request and
-// response bodies the gateway sends to `nexus.netstack.<host>.<verb>`.
-//
-// A typed bus client will live here once pkg/bus lands; the service itself exposes the same
-// operations as plain Go methods (services/netstack.Service).
+// Package netstack is the contract of the netstack service: its endpoints on
+// `nexus.netstack.<host>.<verb>`, their request and response bodies and a typed client.
 package netstack
 
 import (
+	"context"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/policy"
 )
 
-// Verbs of the netstack service; the subject is Subject(host, verb).
-const (
-	VerbCreate = "create"
-	VerbUpdate = "update"
-	VerbRemove = "remove"
-	VerbShow   = "show"
+// Endpoints, on nexus.netstack.<host>.<verb>.
+var (
+	Create = bus.Endpoint[CreateRequest, Info]{Scope: bus.NetstackAPI, Verb: "create"}
+	Update = bus.Endpoint[UpdateRequest, Info]{Scope: bus.NetstackAPI, Verb: "update"}
+	Remove = bus.Endpoint[RemoveRequest, Empty]{Scope: bus.NetstackAPI, Verb: "remove"}
+	Show   = bus.Endpoint[ShowRequest, Info]{Scope: bus.NetstackAPI, Verb: "show"}
 )
 
-// Subject returns the bus subject for a verb on a host ("local" on a single machine).
-func Subject(host, verb string) string { return "nexus.netstack." + host + "." + verb }
+// Endpoints lists every endpoint of the contract (the bus tests check their permissions).
+var Endpoints = []bus.Route{Create, Update, Remove, Show}
+
+// Empty is the response of endpoints that return nothing.
+type Empty = struct{}
+
+// Client calls the netstack of one host.
+type Client struct {
+	nc   *nats.Conn
+	host string
+}
+
+// NewClient returns a client for the netstack on host.
+func NewClient(nc *nats.Conn, host string) *Client { return &Client{nc: nc, host: host} }
+
+func (c *Client) Create(ctx context.Context, r CreateRequest) (Info, error) {
+	return Create.Call(ctx, c.nc, c.host, r)
+}
+func (c *Client) Update(ctx context.Context, r UpdateRequest) (Info, error) {
+	return Update.Call(ctx, c.nc, c.host, r)
+}
+func (c *Client) Remove(ctx context.Context, id string) error {
+	_, err := Remove.Call(ctx, c.nc, c.host, RemoveRequest{SandboxID: id})
+	return err
+}
+func (c *Client) Show(ctx context.Context, id string) (Info, error) {
+	return Show.Call(ctx, c.nc, c.host, ShowRequest{SandboxID: id})
+}
 
 // Egress modes.
 const (
@@ -62,22 +89,22 @@ type Spec struct {
 	Dial bool `json:"dial,omitempty"`
 }
 
-// CreateRequest is the body of VerbCreate.
+// CreateRequest is the body of Create.
 type CreateRequest = Spec
 
-// UpdateRequest replaces the policy of a running network (VerbUpdate). Existing connections keep
+// UpdateRequest replaces the policy of a running network (Update). Existing connections keep
 // running; every new decision uses the new policy.
 type UpdateRequest struct {
 	SandboxID string `json:"sandbox_id"`
 	Policy
 }
 
-// RemoveRequest is the body of VerbRemove.
+// RemoveRequest is the body of Remove.
 type RemoveRequest struct {
 	SandboxID string `json:"sandbox_id"`
 }
 
-// ShowRequest is the body of VerbShow.
+// ShowRequest is the body of Show.
 type ShowRequest struct {
 	SandboxID string `json:"sandbox_id"`
 }
