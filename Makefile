@@ -12,12 +12,16 @@ APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fs
 	openssh-server openssh-client git curl ca-certificates socat systemd
 # Peers that benchmarks compare against.
 BENCH_PKGS := passt mitmproxy iperf3
-# Packages with VMs are tested one at a time without -race; everything else in parallel with
-# -race. A VM package is one under e2e/ or one whose tests import VM_TEST_HELPER (they boot QEMU
-# or fetch the guest kernel); UNIT_PKGS is every other package, so none is left out of both.
-VM_TEST_HELPER := github.com/IniZio/nexus/services/vmm/internal/vmtest
+# Packages whose tests boot QEMU, fetch the guest kernel or build images run one at a time
+# without -race (test-vm): those under VM_DIRS, and any whose tests import VM_TEST_HELPER.
+# Every other package runs in parallel with -race (test-unit). Both lists are one go list split
+# in two, so no package is left out of both; make list-test-pkgs prints them.
+MODULE := github.com/IniZio/nexus
+VM_DIRS := e2e services/vmm/qemu services/vmm/image services/vmm/kernel services/vmm/initramfs
+VM_TEST_HELPER := $(MODULE)/services/vmm/internal/vmtest
+empty :=
 LIST_TEST_IMPORTS = $(GO) list -f '{{.ImportPath}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}' ./...
-IS_VM_PKG = $$1 ~ /\/e2e\// || / $(subst /,\/,$(VM_TEST_HELPER))( |$$)/
+IS_VM_PKG = $$1 ~ "^$(MODULE)/($(subst $(empty) $(empty),|,$(VM_DIRS)))(/|$$)" || index($$0 " ", " $(VM_TEST_HELPER) ")
 VM_PKGS = $$($(LIST_TEST_IMPORTS) | awk '$(IS_VM_PKG) {print $$1}')
 UNIT_PKGS = $$($(LIST_TEST_IMPORTS) | awk '!($(IS_VM_PKG)) {print $$1}')
 
