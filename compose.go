@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/IniZio/nexus/gateway"
@@ -22,6 +23,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/settings"
 	"github.com/IniZio/nexus/pkg/version"
 	"github.com/IniZio/nexus/services/credbroker"
 	"github.com/IniZio/nexus/services/gitrelay"
@@ -36,6 +38,7 @@ import (
 type runEnv struct {
 	home home.Dir
 	host string
+	set  *settings.Values
 	log  zerolog.Logger
 	nc   *nats.Conn
 }
@@ -55,32 +58,66 @@ func components() []component {
 		}},
 		{name: "vmm", about: "microVMs, images, guest agent channel", run: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				QEMU: qemu.Config{Accel: os.Getenv("NEXUS_ACCEL")}})
+				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel}})
 		}},
 		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: func(ctx context.Context, env runEnv) error {
 			logrus.SetOutput(io.Discard) // gvisor-tap-vsock's switch logs through logrus's global logger
-			return run(ctx, netstack.New, netstack.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
+			return run(ctx, netstack.New, netstack.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
+				UpstreamDNS: env.set.UpstreamDNS})
 		}},
 		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: func(ctx context.Context, env runEnv) error {
 			return run(ctx, mitm.New, mitm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				Addr: os.Getenv("NEXUS_MITM_ADDR")})
+				Addr: env.set.MITMAddr})
 		}},
 		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: func(ctx context.Context, env runEnv) error {
 			return run(ctx, credbroker.New, credbroker.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				TokenURL: os.Getenv("NEXUS_CLAUDE_TOKEN_URL")})
+				TokenURL: env.set.ClaudeTokenURL})
 		}},
 		{name: "gitrelay", about: "git over SSH relay with repo and branch policy", run: func(ctx context.Context, env runEnv) error {
-			sshCfg, err := gitrelay.SSHConfigFromEnv()
+			hosts, err := gitrelayHosts(env.set)
 			if err != nil {
 				return err
 			}
 			return run(ctx, gitrelay.New, gitrelay.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				SSH: sshCfg})
+				SSH: gitrelay.SSHConfig{Binary: env.set.GitrelaySSH, Options: env.set.GitrelaySSHOpts, Hosts: hosts}})
 		}},
 		{name: "portfwd", about: "guest listeners at the same port on the host", run: func(ctx context.Context, env runEnv) error {
 			return run(ctx, portfwd.New, portfwd.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
 		}},
 	}
+}
+
+// gitrelayHosts parses --gitrelay-hosts with the relay's own parser.
+func gitrelayHosts(v *settings.Values) (map[string]gitrelay.Target, error) {
+	hosts, err := gitrelay.ParseHosts(v.GitrelayHosts)
+	if err != nil {
+		return nil, settings.Invalid("gitrelay-hosts", err)
+	}
+	return hosts, nil
+}
+
+// stackGlobals loads the settings of `nexus up` and `nexus serve` and checks those a service
+// parses itself, so that a bad value stops the stack before anything starts.
+func stackGlobals(cmd *cobra.Command) (*cli.Global, error) {
+	g, err := cli.Globals(cmd)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := gitrelayHosts(g.Settings); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// stackFlags declares the stack settings on cmd; --port stays the old name of --bus-port.
+func stackFlags(cmd *cobra.Command) {
+	settings.AddFlags(cmd.Flags(), settings.Stack)
+	cmd.Flags().SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == "port" {
+			name = "bus-port"
+		}
+		return pflag.NormalizedName(name)
+	})
 }
 
 // runner is the entry point every service shares: New(Config) builds it, Run serves until ctx ends.
@@ -111,19 +148,18 @@ func signalContext() (context.Context, context.CancelFunc) {
 }
 
 func upCommand() *cobra.Command {
-	var port int
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run the bus and every service in this process (the single-machine default)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			g, err := cli.Globals(cmd)
+			g, err := stackGlobals(cmd)
 			if err != nil {
 				return err
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: busPort(port), Log: g.Log})
+			srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: g.Settings.BusPort, Log: g.Log})
 			if err != nil {
 				return cli.StartupError(err)
 			}
@@ -136,7 +172,7 @@ func upCommand() *cobra.Command {
 					return cli.StartupError(err)
 				}
 				defer nc.Close()
-				env := runEnv{home: g.Home, host: g.Host, log: g.Log.With().Str("service", c.name).Logger(), nc: nc}
+				env := runEnv{home: g.Home, host: g.Settings.Host, set: g.Settings, log: g.Log.With().Str("service", c.name).Logger(), nc: nc}
 				grp.Go(func() error {
 					if err := c.run(gctx, env); err != nil {
 						return fmt.Errorf("%s: %w", c.name, err)
@@ -149,7 +185,7 @@ func upCommand() *cobra.Command {
 				return cli.StartupError(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "nexus %s up: bus %s, services %s (host %s), state in %s\n",
-				version.Version, srv.URL(), strings.Join(names, " "), g.Host, g.Home)
+				version.Version, srv.URL(), strings.Join(names, " "), g.Settings.Host, g.Home)
 			err = grp.Wait()
 			if ctx.Err() != nil {
 				fmt.Fprintln(cmd.ErrOrStderr(), "nexus: stopping")
@@ -158,7 +194,7 @@ func upCommand() *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().IntVar(&port, "port", 0, fmt.Sprintf("bus port on 127.0.0.1 (default %d, or $NEXUS_BUS_PORT)", bus.DefaultPort))
+	stackFlags(cmd)
 	return cmd
 }
 
@@ -168,7 +204,7 @@ func registerBus(ctx context.Context, srv *bus.Server, g *cli.Global) error {
 	if err != nil {
 		return err
 	}
-	svc, err := bus.NewService(nc, bus.ServiceInfo{Name: "bus", Version: version.Version, Host: g.Host, Description: "embedded NATS with JetStream"}, g.Log)
+	svc, err := bus.NewService(nc, bus.ServiceInfo{Name: "bus", Version: version.Version, Host: g.Settings.Host, Description: "embedded NATS with JetStream"}, g.Log)
 	if err != nil {
 		nc.Close()
 		return err
@@ -181,20 +217,7 @@ func registerBus(ctx context.Context, srv *bus.Server, g *cli.Global) error {
 	return nil
 }
 
-func busPort(flag int) int {
-	if flag != 0 {
-		return flag
-	}
-	if v := os.Getenv("NEXUS_BUS_PORT"); v != "" {
-		var p int
-		fmt.Sscanf(v, "%d", &p)
-		return p
-	}
-	return 0
-}
-
 func serveCommand() *cobra.Command {
-	var port int
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:       "serve <" + strings.Join(serviceNames(), "|") + ">",
@@ -202,7 +225,7 @@ func serveCommand() *cobra.Command {
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: serviceNames(),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			g, err := cli.Globals(cmd)
+			g, err := stackGlobals(cmd)
 			if err != nil {
 				return err
 			}
@@ -210,7 +233,7 @@ func serveCommand() *cobra.Command {
 			defer stop()
 			name := args[0]
 			if name == "bus" {
-				srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: busPort(port), Log: g.Log})
+				srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: g.Settings.BusPort, Log: g.Log})
 				if err != nil {
 					return cli.StartupError(err)
 				}
@@ -238,14 +261,14 @@ func serveCommand() *cobra.Command {
 			defer nc.Close()
 			log := g.Log.With().Str("service", c.name).Logger()
 			log.Info().Str("url", nc.ConnectedUrl()).Msg("serving")
-			err = c.run(ctx, runEnv{home: g.Home, host: g.Host, log: log, nc: nc})
+			err = c.run(ctx, runEnv{home: g.Home, host: g.Settings.Host, set: g.Settings, log: log, nc: nc})
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		},
 	}
-	cmd.Flags().IntVar(&port, "port", 0, "bus port (serve bus only)")
+	stackFlags(cmd)
 	cmd.Flags().DurationVar(&wait, "wait-bus", 30*time.Second, "how long to wait for the bus to come up")
 	return cmd
 }
@@ -254,7 +277,9 @@ func serveCommand() *cobra.Command {
 func connectWaiting(ctx context.Context, g *cli.Global, user string, wait time.Duration) (*nats.Conn, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: user, Log: g.Log, Reconnect: true})
+		cfg := g.Bus(user)
+		cfg.Reconnect = true
+		nc, err := bus.Connect(ctx, cfg)
 		if err == nil {
 			return nc, nil
 		}

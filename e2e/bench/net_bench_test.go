@@ -189,7 +189,7 @@ func bootDirect(b *testing.B, id string, netdev []string) shell {
 	if err != nil {
 		b.Fatal(err)
 	}
-	base, err := image.Build(ctx, stack.Home, image.Base, false, nil)
+	base, err := image.Build(ctx, stack.Home, testutil.CacheDir(), image.Base, false, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/IniZio/nexus/gateway/mcp"
 	"github.com/IniZio/nexus/pkg/bus"
-	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/logging"
+	"github.com/IniZio/nexus/pkg/settings"
 	"github.com/IniZio/nexus/pkg/version"
 )
 
@@ -36,16 +36,17 @@ func mcpCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			h, err := home.Default()
+			v, err := settings.Load(cmd.Flags())
 			if err != nil {
 				return StartupError(err)
 			}
+			g := &Global{Home: v.Home, Log: log, Settings: v}
 			srv, err := mcp.New(mcp.Config{
-				Home:    h,
+				Home:    g.Home,
 				Version: version.Version,
 				Log:     log,
 				Dial: func(ctx context.Context) (*nats.Conn, error) {
-					return bus.Connect(ctx, bus.ConnectConfig{Home: h, User: bus.UserCLI, Log: log})
+					return bus.Connect(ctx, g.Bus(bus.UserCLI))
 				},
 			})
 			if err != nil {

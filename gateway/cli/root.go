@@ -16,17 +16,26 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/logging"
+	"github.com/IniZio/nexus/pkg/settings"
 	"github.com/IniZio/nexus/pkg/version"
 )
 
 // Global is what every command derives from the persistent flags and the environment.
 type Global struct {
 	Home home.Dir
-	Host string
 	Log  zerolog.Logger
+	// Settings holds the global settings (home, bus port and URL) and, for `nexus up` and
+	// `nexus serve`, the stack settings too (pkg/settings).
+	Settings *settings.Values
+}
+
+// Bus is how this command dials the bus as user.
+func (g *Global) Bus(user string) bus.ConnectConfig {
+	return bus.ConnectConfig{Home: g.Home, User: user, URL: g.Settings.BusURL, Port: g.Settings.BusPort, Log: g.Log}
 }
 
 // NewRoot builds the root command with every CLI command; main adds up and serve.
@@ -40,6 +49,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "console", "log format: console or json")
+	settings.AddFlags(root.PersistentFlags(), settings.Global)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(statusCommand())
 	addSandboxCommands(root)
@@ -49,7 +59,8 @@ func NewRoot() *cobra.Command {
 	return root
 }
 
-// Globals resolves the persistent flags and $NEXUS_HOME; bad values are exit-2 errors.
+// Globals resolves the persistent flags and the settings declared on cmd; bad values are
+// exit-2 errors.
 func Globals(cmd *cobra.Command) (*Global, error) {
 	level, _ := cmd.Flags().GetString("log-level")
 	format, _ := cmd.Flags().GetString("log-format")
@@ -57,15 +68,11 @@ func Globals(cmd *cobra.Command) (*Global, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := home.Default()
+	v, err := settings.Load(cmd.Flags())
 	if err != nil {
-		return nil, errdefs.Invalid("%v", err)
+		return nil, err
 	}
-	host := os.Getenv("NEXUS_HOST")
-	if host == "" {
-		host = "local"
-	}
-	return &Global{Home: h, Host: host, Log: log}, nil
+	return &Global{Home: v.Home, Log: log, Settings: v}, nil
 }
 
 // ExitError ends the process with Code after printing nothing more.

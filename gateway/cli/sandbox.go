@@ -27,7 +27,7 @@ func dial(cmd *cobra.Command) (*api.Client, *Global, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := bus.Connect(cmd.Context(), bus.ConnectConfig{Home: g.Home, User: bus.UserCLI, Log: g.Log})
+	nc, err := bus.Connect(cmd.Context(), g.Bus(bus.UserCLI))
 	if err != nil {
 		return nil, nil, err
 	}

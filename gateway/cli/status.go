@@ -46,7 +46,7 @@ func statusCommand() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
 			defer cancel()
 			rows := []ServiceStatus{}
-			nc, connErr := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: bus.UserCLI, Log: g.Log})
+			nc, connErr := bus.Connect(ctx, g.Bus(bus.UserCLI))
 			if connErr == nil {
 				defer nc.Close()
 				rows, err = Discover(ctx, nc, 700*time.Millisecond)

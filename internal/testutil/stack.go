@@ -112,12 +112,12 @@ func StartStack(extraEnv ...string) (*Stack, error) {
 	env := []string{}
 	for _, kv := range os.Environ() {
 		switch strings.SplitN(kv, "=", 2)[0] {
-		case "HOME", home.Env, "NEXUS_BUS_PORT", "NEXUS_BUS_URL", home.CacheEnv:
+		case "HOME", "NEXUS_HOME", "NEXUS_BUS_PORT", "NEXUS_BUS_URL", "NEXUS_CACHE":
 			continue
 		}
 		env = append(env, kv)
 	}
-	s.Env = append(env, "HOME="+hh, home.Env+"="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), home.CacheEnv+"="+CacheDir())
+	s.Env = append(env, "HOME="+hh, "NEXUS_HOME="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), "NEXUS_CACHE="+CacheDir())
 	s.Env = append(s.Env, extraEnv...)
 	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", port)
 	if err := s.start(); err != nil {

@@ -68,7 +68,7 @@ func IsolateHome(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Setenv("HOME", hh)
-	t.Setenv(home.Env, nh)
+	t.Setenv("NEXUS_HOME", nh)
 	return nh
 }
 

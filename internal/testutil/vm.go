@@ -6,25 +6,25 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-
-	"github.com/IniZio/nexus/pkg/home"
 )
 
 // cacheDefault is fixed before any test moves HOME or NEXUS_HOME: the cache of the nexus home
 // the tests were started from, as the Makefile's NEXUS_CACHE ?= $(NEXUS_HOME)/cache.
 var cacheDefault = func() string {
-	h, err := home.Default()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "nexus-test-cache")
+	if h := os.Getenv("NEXUS_HOME"); h != "" {
+		return filepath.Join(h, "cache")
 	}
-	return filepath.Join(string(h), "cache")
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "nexus", "cache")
+	}
+	return filepath.Join(os.TempDir(), "nexus-test-cache")
 }()
 
 // CacheDir is the one download cache every test and every stack it starts shares (kernel, debs,
 // images' inputs, initramfs): $NEXUS_CACHE, else $NEXUS_HOME/cache of the invoking user. What
 // only tests build (test binaries, an image test's home) lives in its "test" subdirectory.
 func CacheDir() string {
-	if v := os.Getenv(home.CacheEnv); v != "" {
+	if v := os.Getenv("NEXUS_CACHE"); v != "" {
 		return v
 	}
 	return cacheDefault

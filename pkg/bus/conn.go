@@ -16,7 +16,8 @@ import (
 type ConnectConfig struct {
 	Home home.Dir
 	User string
-	URL  string // empty: ReadURL(Home)
+	URL  string // empty: ReadURL(Home, Port)
+	Port int    // the bus port when the bus wrote no URL (it is down); 0: DefaultPort
 	Name string // connection name shown by the server; defaults to the user
 	// Log receives asynchronous bus errors (permission violations, slow consumers).
 	Log zerolog.Logger
@@ -29,7 +30,7 @@ type ConnectConfig struct {
 func Connect(ctx context.Context, cfg ConnectConfig) (*nats.Conn, error) {
 	url := cfg.URL
 	if url == "" {
-		url, _ = ReadURL(cfg.Home)
+		url, _ = ReadURL(cfg.Home, cfg.Port)
 	}
 	creds, err := LoadCreds(cfg.Home.BusCreds(), cfg.User)
 	if err != nil {

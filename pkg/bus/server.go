@@ -64,7 +64,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	lock, err := lockFile(filepath.Join(cfg.Home.Bus(), "bus.lock"))
 	if err != nil {
-		url, _ := ReadURL(cfg.Home)
+		url, _ := ReadURL(cfg.Home, cfg.Port)
 		return nil, errdefs.New(ErrAlreadyRunning, fmt.Sprintf("nexus: a bus is already running for %s at %s", cfg.Home, url))
 	}
 	creds, err := ensureCreds(cfg.Home.BusCreds())
@@ -93,7 +93,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(port)))
 		if err != nil {
 			lock.Close()
-			return nil, errdefs.Unavailable("bus: cannot listen on %s:%d: the port is in use (set NEXUS_BUS_PORT to choose another)", cfg.Host, port)
+			return nil, errdefs.Unavailable("bus: cannot listen on %s:%d: the port is in use (choose another with --bus-port or NEXUS_BUS_PORT)", cfg.Host, port)
 		}
 		ln.Close()
 	}
@@ -150,10 +150,11 @@ func (s *Server) Shutdown() {
 
 func urlPath(h home.Dir) string { return filepath.Join(h.Bus(), "url") }
 
-// ReadURL returns the URL the running bus wrote, NEXUS_BUS_URL when set, or the default.
-func ReadURL(h home.Dir) (string, error) {
-	if v := os.Getenv("NEXUS_BUS_URL"); v != "" {
-		return v, nil
+// ReadURL returns the URL the running bus wrote, or the loopback URL of port (0: DefaultPort)
+// when it wrote none.
+func ReadURL(h home.Dir, port int) (string, error) {
+	if port <= 0 {
+		port = DefaultPort
 	}
 	b, err := os.ReadFile(urlPath(h))
 	if err == nil {
@@ -161,7 +162,7 @@ func ReadURL(h home.Dir) (string, error) {
 			return u, nil
 		}
 	}
-	return fmt.Sprintf("nats://127.0.0.1:%d", DefaultPort), err
+	return fmt.Sprintf("nats://127.0.0.1:%d", port), err
 }
 
 func lockFile(path string) (*os.File, error) {

@@ -5,33 +5,14 @@
 package home
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 )
 
-// Env is the environment variable that overrides the default location.
-const Env = "NEXUS_HOME"
-
-// Dir is the root of nexus state on this machine.
+// Dir is the root of nexus state on this machine. Where it is comes from the settings table
+// (--home, $NEXUS_HOME, default ~/.local/share/nexus); this package only lays it out.
 type Dir string
-
-// Default returns $NEXUS_HOME, or ~/.local/share/nexus when it is unset.
-func Default() (Dir, error) {
-	if v := os.Getenv(Env); v != "" {
-		abs, err := filepath.Abs(v)
-		if err != nil {
-			return "", fmt.Errorf("nexus home: %w", err)
-		}
-		return Dir(abs), nil
-	}
-	h, err := os.UserHomeDir()
-	if err != nil || h == "" {
-		return "", errors.New("nexus home: neither NEXUS_HOME nor HOME is set")
-	}
-	return Dir(filepath.Join(h, ".local", "share", "nexus")), nil
-}
 
 func (d Dir) String() string { return string(d) }
 
@@ -41,16 +22,9 @@ func (d Dir) Bus() string { return filepath.Join(string(d), "bus") }
 // BusCreds holds one credentials file per bus user, mode 0600.
 func (d Dir) BusCreds() string { return filepath.Join(string(d), "bus", "creds") }
 
-// CacheEnv overrides where downloads are cached, so that many homes (tests, CI) share one.
-const CacheEnv = "NEXUS_CACHE"
-
-// Cache holds downloads: kernel debs, unpacked kernels, built initramfs. $NEXUS_CACHE wins.
-func (d Dir) Cache() string {
-	if v := os.Getenv(CacheEnv); v != "" {
-		return v
-	}
-	return filepath.Join(string(d), "cache")
-}
+// Cache is the default download cache (kernel debs, unpacked kernels, built initramfs, images'
+// inputs); --cache ($NEXUS_CACHE) puts it elsewhere so that many homes share one.
+func (d Dir) Cache() string { return filepath.Join(string(d), "cache") }
 
 // Images holds built root images (ext4).
 func (d Dir) Images() string { return filepath.Join(string(d), "images") }

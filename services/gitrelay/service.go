@@ -46,7 +46,7 @@ type Config struct {
 	Host    string
 	Log     zerolog.Logger
 	Version string
-	// SSH is how the host's ssh is run (SSHConfigFromEnv in production).
+	// SSH is how the host's ssh is run (the --gitrelay-* settings in production).
 	SSH SSHConfig
 	// Audit receives every decision; default a JetStream publisher on Bus.
 	Audit audit.Sink

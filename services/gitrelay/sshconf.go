@@ -9,13 +9,6 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
-// Environment variables read by ConfigFromEnv.
-const (
-	EnvSSH     = "NEXUS_GITRELAY_SSH"      // the ssh binary (default "ssh")
-	EnvSSHOpts = "NEXUS_GITRELAY_SSH_OPTS" // extra ssh options, space-separated ("-F /path -o UserKnownHostsFile=…")
-	EnvHosts   = "NEXUS_GITRELAY_HOSTS"    // host aliases: "github.com=127.0.0.1:2200,ghe.example=git@10.0.0.5"
-)
-
 // Target is where the relay's ssh goes for a host the guest names.
 type Target struct {
 	User string // overrides the guest's user when set
@@ -75,17 +68,6 @@ type SSHConfig struct {
 	// Env is ssh's environment (default: PATH, HOME, USER, LOGNAME and SSH_AUTH_SOCK of this
 	// process). GIT_PROTOCOL is added per connection.
 	Env []string
-}
-
-// SSHConfigFromEnv reads NEXUS_GITRELAY_SSH, NEXUS_GITRELAY_SSH_OPTS and NEXUS_GITRELAY_HOSTS.
-func SSHConfigFromEnv() (SSHConfig, error) {
-	c := SSHConfig{Binary: os.Getenv(EnvSSH), Options: strings.Fields(os.Getenv(EnvSSHOpts))}
-	hosts, err := ParseHosts(os.Getenv(EnvHosts))
-	if err != nil {
-		return c, err
-	}
-	c.Hosts = hosts
-	return c, nil
 }
 
 func (c *SSHConfig) defaults() {

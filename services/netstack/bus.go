@@ -27,6 +27,9 @@ type Config struct {
 	Host    string
 	Log     zerolog.Logger
 	Version string
+	// UpstreamDNS is the resolver (ip:port) allowed names are resolved with; default the first
+	// nameserver of /etc/resolv.conf.
+	UpstreamDNS string
 }
 
 // Service runs the netstack on the bus: audit events go to JetStream, shimmed connections to
@@ -56,7 +59,7 @@ func (s *Service) Run(ctx context.Context) error {
 	addrFile := filepath.Join(cfg.Home.Run(), mitmapi.AddrFile)
 	svc, err := NewManager(ManagerConfig{
 		Logger: cfg.Log, Audit: pub, ResolverOverrides: overrides,
-		UpstreamDNS: os.Getenv("NEXUS_UPSTREAM_DNS"),
+		UpstreamDNS: cfg.UpstreamDNS,
 		MITMAddrFunc: func() (string, error) {
 			b, err := os.ReadFile(addrFile)
 			if err != nil {

@@ -21,7 +21,7 @@ func (s *Service) ensureImage(ctx context.Context, name, progress string) (strin
 	if p, err := image.Path(s.cfg.Home, name); err == nil {
 		return p, nil
 	}
-	info, err := image.Build(ctx, s.cfg.Home, name, false, s.imageProgress(progress))
+	info, err := image.Build(ctx, s.cfg.Home, s.cfg.CacheDir, name, false, s.imageProgress(progress))
 	if err != nil {
 		return "", err
 	}
@@ -60,7 +60,7 @@ func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo,
 				return api.ImageInfo{}, errdefs.Conflict("image %s backs the disks of %s: remove those sandboxes before rebuilding it", r.Name, strings.Join(users, ", "))
 			}
 		}
-		info, err := image.Build(ctx, s.cfg.Home, r.Name, r.Force, s.imageProgress(r.Progress))
+		info, err := image.Build(ctx, s.cfg.Home, s.cfg.CacheDir, r.Name, r.Force, s.imageProgress(r.Progress))
 		if err != nil {
 			return api.ImageInfo{}, err
 		}

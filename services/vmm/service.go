@@ -35,8 +35,8 @@ type Config struct {
 	// AgentPath is the static guest agent binary; default nexus-agent beside this executable.
 	AgentPath string
 	QEMU      qemu.Config
-	// CacheDir holds downloads (kernel, busybox, debootstrap debs); default $NEXUS_HOME/cache,
-	// or $NEXUS_CACHE when set so that many test homes share one download.
+	// CacheDir holds downloads (kernel, busybox, debootstrap debs) and built images' copies;
+	// default $NEXUS_HOME/cache. Many homes (tests, CI) may share one.
 	CacheDir string
 	// BootTimeout bounds a boot until the agent answers; default 120s (TCG is slow).
 	BootTimeout time.Duration
@@ -65,9 +65,6 @@ type Service struct {
 func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
-	}
-	if cfg.CacheDir == "" {
-		cfg.CacheDir = os.Getenv("NEXUS_CACHE")
 	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = cfg.Home.Cache()

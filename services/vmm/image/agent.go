@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-
-	"github.com/IniZio/nexus/pkg/home"
 )
 
 // AgentPackages are the Debian packages nexus-agent-base adds to nexus-base.
@@ -31,16 +29,16 @@ const npmCacheInRoot = "/var/cache/nexus-npm"
 // private mount namespace, so the bind mounts it needs (apt and npm caches under the download
 // cache, /proc, /dev) exist only for the processes of the build and vanish with them: nothing is left
 // mounted under the build directory, even when the build is killed.
-func buildAgentBase(ctx context.Context, h home.Dir, root string, progress Progress) error {
+func buildAgentBase(ctx context.Context, cache, root string, progress Progress) error {
 	if err := needTools("chroot", "mount"); err != nil {
 		return err
 	}
 	scaled := func(step string, frac float64) { progress(step, frac*0.5) }
-	if err := debootstrap(ctx, h, AgentBase, root, BasePackages, scaled); err != nil {
+	if err := debootstrap(ctx, cache, AgentBase, root, BasePackages, scaled); err != nil {
 		return err
 	}
-	aptCache := filepath.Join(h.Cache(), "debs", "agent-apt")
-	npmCache := filepath.Join(h.Cache(), "npm")
+	aptCache := filepath.Join(cache, "debs", "agent-apt")
+	npmCache := filepath.Join(cache, "npm")
 	for _, d := range []string{filepath.Join(aptCache, "partial"), npmCache, filepath.Join(root, npmCacheInRoot)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("image build %s: %w", AgentBase, err)

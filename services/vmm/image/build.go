@@ -14,7 +14,6 @@ import (
 	"strings"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
-	"github.com/IniZio/nexus/pkg/home"
 )
 
 // Suite is the Debian release both images come from.
@@ -37,12 +36,12 @@ func needTools(tools ...string) error {
 
 // buildMini assembles a busybox root: /bin/busybox from Debian's busybox-static (downloaded
 // into the cache once), one symlink per applet, and the few files a shell session needs.
-func buildMini(ctx context.Context, h home.Dir, root string, progress Progress) error {
+func buildMini(ctx context.Context, cache, root string, progress Progress) error {
 	if err := needTools("apt-get", "dpkg-deb", "mkfs.ext4"); err != nil {
 		return err
 	}
 	progress("fetch busybox-static", 0.1)
-	debs := filepath.Join(h.Cache(), "debs")
+	debs := filepath.Join(cache, "debs")
 	deb, err := cachedDownload(ctx, debs, "busybox-static")
 	if err != nil {
 		return err
@@ -117,12 +116,12 @@ func buildMini(ctx context.Context, h home.Dir, root string, progress Progress) 
 }
 
 // buildBase runs debootstrap with its debs cached under the nexus cache.
-func buildBase(ctx context.Context, h home.Dir, root string, progress Progress) error {
-	return debootstrap(ctx, h, Base, root, BasePackages, progress)
+func buildBase(ctx context.Context, cache, root string, progress Progress) error {
+	return debootstrap(ctx, cache, Base, root, BasePackages, progress)
 }
 
 // debootstrap builds a minbase root with packages (and what they depend on) for image name.
-func debootstrap(ctx context.Context, h home.Dir, name, root string, packages []string, progress Progress) error {
+func debootstrap(ctx context.Context, cache, name, root string, packages []string, progress Progress) error {
 	if err := needTools("debootstrap", "mkfs.ext4"); err != nil {
 		return err
 	}
@@ -130,13 +129,13 @@ func debootstrap(ctx context.Context, h home.Dir, name, root string, packages []
 		return errdefs.Unavailable("image build %s needs root: debootstrap must run as root (nexus-mini does not)", name)
 	}
 	mirror := HostMirror()
-	cache := filepath.Join(h.Cache(), "debs", "debootstrap")
-	if err := os.MkdirAll(cache, 0o755); err != nil {
+	debs := filepath.Join(cache, "debs", "debootstrap")
+	if err := os.MkdirAll(debs, 0o755); err != nil {
 		return err
 	}
 	progress("debootstrap "+Suite+" from "+mirror, 0.05)
 	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase",
-		"--include="+strings.Join(packages, ","), "--cache-dir="+cache,
+		"--include="+strings.Join(packages, ","), "--cache-dir="+debs,
 		Suite, root, mirror)
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
 	stdout, err := cmd.StdoutPipe()

@@ -142,8 +142,9 @@ func Remove(h home.Dir, name string) error {
 	return nil
 }
 
-// Build builds the named image unless it is already built (force rebuilds).
-func Build(ctx context.Context, h home.Dir, name string, force bool, progress Progress) (*Info, error) {
+// Build builds the named image unless it is already built (force rebuilds). Downloads and a
+// copy of the image go to the cache directory, where other homes sharing it find them.
+func Build(ctx context.Context, h home.Dir, cache, name string, force bool, progress Progress) (*Info, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -171,7 +172,7 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 		}
 	}
 	if !force {
-		if info, err := fromCache(h, name); err == nil {
+		if info, err := fromCache(h, cache, name); err == nil {
 			progress("cached", 1)
 			return info, nil
 		}
@@ -186,11 +187,11 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 
 	switch name {
 	case Mini:
-		err = buildMini(ctx, h, root, progress)
+		err = buildMini(ctx, cache, root, progress)
 	case Base:
-		err = buildBase(ctx, h, root, progress)
+		err = buildBase(ctx, cache, root, progress)
 	case AgentBase:
-		err = buildAgentBase(ctx, h, root, progress)
+		err = buildAgentBase(ctx, cache, root, progress)
 	}
 	if err != nil {
 		return nil, err
@@ -225,7 +226,7 @@ func Build(ctx context.Context, h home.Dir, name string, force bool, progress Pr
 	if err := atomicfile.WriteFile(manifestPath(h, name), b, 0o644); err != nil {
 		return nil, fmt.Errorf("image build %s: %w", name, err)
 	}
-	toCache(h, name, b)
+	toCache(h, cache, name, b)
 	info.Path = imagePath(h, name)
 	progress("done", 1)
 	return &info, nil
@@ -262,15 +263,15 @@ func lock(ctx context.Context, h home.Dir, name string) (func(), error) {
 // copies of the old content are not reused.
 var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-1", AgentBase: "agent-base-bookworm-1"}
 
-func cachedPath(h home.Dir, name string) string {
-	return filepath.Join(h.Cache(), "images", Recipe[name]+".ext4")
+func cachedPath(cache, name string) string {
+	return filepath.Join(cache, "images", Recipe[name]+".ext4")
 }
 
 // toCache keeps a built image in the download cache, where other homes that share the cache
 // (tests, CI, a second installation) find it. Images are never written in place, so a hard
 // link is safe; across file systems it is copied.
-func toCache(h home.Dir, name string, manifest []byte) {
-	dst := cachedPath(h, name)
+func toCache(h home.Dir, cache, name string, manifest []byte) {
+	dst := cachedPath(cache, name)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return
 	}
@@ -285,8 +286,8 @@ func toCache(h home.Dir, name string, manifest []byte) {
 }
 
 // fromCache installs a cached image into h.
-func fromCache(h home.Dir, name string) (*Info, error) {
-	src := cachedPath(h, name)
+func fromCache(h home.Dir, cache, name string) (*Info, error) {
+	src := cachedPath(cache, name)
 	b, err := os.ReadFile(strings.TrimSuffix(src, ".ext4") + ".json")
 	if err != nil {
 		return nil, err

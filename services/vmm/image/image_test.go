@@ -55,7 +55,7 @@ func hasEntry(ls, name string) bool {
 
 func TestUnknownName(t *testing.T) {
 	h := tempHome(t)
-	_, err := image.Build(context.Background(), h, "nexus-huge", false, nil)
+	_, err := image.Build(context.Background(), h, testutil.CacheDir(), "nexus-huge", false, nil)
 	if !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("err = %v, want invalid", err)
 	}
@@ -89,7 +89,7 @@ func TestMini(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			infos[i], errs[i] = image.Build(ctx, h, image.Mini, false, func(step string, frac float64) {
+			infos[i], errs[i] = image.Build(ctx, h, testutil.CacheDir(), image.Mini, false, func(step string, frac float64) {
 				mu.Lock()
 				steps = append(steps, step)
 				mu.Unlock()
@@ -132,12 +132,12 @@ func TestMini(t *testing.T) {
 	}
 
 	// Cached: no rebuild.
-	again, err := image.Build(ctx, h, image.Mini, false, nil)
+	again, err := image.Build(ctx, h, testutil.CacheDir(), image.Mini, false, nil)
 	if err != nil || !again.Built.Equal(infos[0].Built) {
 		t.Fatalf("second build rebuilt or failed: %v", err)
 	}
 	// Forced: rebuilt, busybox deb comes from the cache.
-	forced, err := image.Build(ctx, h, image.Mini, true, nil)
+	forced, err := image.Build(ctx, h, testutil.CacheDir(), image.Mini, true, nil)
 	if err != nil || !forced.Built.After(infos[0].Built) {
 		t.Fatalf("forced build: %v", err)
 	}
@@ -190,7 +190,7 @@ func TestBase(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	var last string
-	info, err := image.Build(ctx, h, image.Base, true, func(step string, frac float64) { last = step })
+	info, err := image.Build(ctx, h, testutil.CacheDir(), image.Base, true, func(step string, frac float64) { last = step })
 	if err != nil {
 		t.Fatalf("build: %v (last step %s)", err, last)
 	}
@@ -227,14 +227,13 @@ func TestAgentBase(t *testing.T) {
 		}
 		t.Skip("debootstrap needs root")
 	}
-	// The shared download cache keeps debs and npm downloads (and the built image) across runs.
-	t.Setenv(home.CacheEnv, testutil.CacheDir())
+	// The shared download cache (testutil.CacheDir) keeps debs and npm downloads and the built image across runs.
 	h := home.Dir(t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	start := time.Now()
 	var steps []string
-	info, err := image.Build(ctx, h, image.AgentBase, true, func(step string, frac float64) { steps = append(steps, step) })
+	info, err := image.Build(ctx, h, testutil.CacheDir(), image.AgentBase, true, func(step string, frac float64) { steps = append(steps, step) })
 	if err != nil {
 		if len(steps) > 5 {
 			steps = steps[len(steps)-5:]

@@ -101,7 +101,7 @@ func TestBootDevices(t *testing.T) {
 	defer cancel()
 	// The root disk is a nexus-mini overlay, as sandboxes get: the guest mounts it as ext4.
 	h := home.Dir(t.TempDir())
-	info, err := image.Build(ctx, h, image.Mini, false, nil)
+	info, err := image.Build(ctx, h, testutil.CacheDir(), image.Mini, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/IniZio/nexus/gateway/cli"
+	"github.com/IniZio/nexus/pkg/settings"
+)
+
+// root is the nexus command as main builds it.
+func root() *cobra.Command {
+	r := cli.NewRoot()
+	r.AddCommand(upCommand(), serveCommand())
+	return r
+}
+
+// TestHelpListsEverySetting: `nexus up --help` and `nexus serve --help` document every
+// setting of the table, with its flag and its environment variable.
+func TestHelpListsEverySetting(t *testing.T) {
+	for _, args := range [][]string{{"up", "--help"}, {"serve", "--help"}} {
+		r := root()
+		var out bytes.Buffer
+		r.SetOut(&out)
+		r.SetArgs(args)
+		if err := r.Execute(); err != nil {
+			t.Fatalf("nexus %v: %v", args, err)
+		}
+		for _, s := range settings.Table {
+			if !strings.Contains(out.String(), "--"+s.Flag+" ") || !strings.Contains(out.String(), "$"+s.Env) {
+				t.Errorf("nexus %s does not list --%s ($%s):\n%s", strings.Join(args, " "), s.Flag, s.Env, out.String())
+			}
+		}
+	}
+}
+
+// TestPortIsBusPort: --port, the old flag of up and serve, still sets the bus port.
+func TestPortIsBusPort(t *testing.T) {
+	t.Setenv("NEXUS_BUS_PORT", "")
+	for _, name := range []string{"up", "serve"} {
+		r := root()
+		cmd, _, err := r.Find([]string{name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.InheritedFlags() // merges the root's persistent flags, as Execute does
+		if err := cmd.ParseFlags([]string{"--port", "4999"}); err != nil {
+			t.Fatalf("%s --port: %v", name, err)
+		}
+		g, err := cli.Globals(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Settings.BusPort != 4999 {
+			t.Errorf("%s --port 4999: bus port %d", name, g.Settings.BusPort)
+		}
+	}
+}

@@ -1,0 +1,310 @@
+// Package settings is the one table of nexus settings: every flag of `nexus up` and
+// `nexus serve`, with the environment variable that is its default (so scripts, the Procfile and
+// the tests keep working by setting the environment), and the few global flags every command,
+// the CLI too, needs to find the stack.
+//
+// It is the only place that reads the process environment for settings: the composition root
+// (`nexus up`, `nexus serve`) and the CLI's globals load it once and pass the values down in
+// each service's Config. A value comes from the flag when it is given, else from the
+// environment variable when it is set and not empty, else from the table's default.
+package settings
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// Scope says which commands a setting belongs to.
+type Scope int
+
+const (
+	// Global settings are flags of every command: the CLI needs them to find the stack.
+	Global Scope = iota
+	// Stack settings are flags of `nexus up` and `nexus serve` only.
+	Stack
+)
+
+// Setting is one row of the table.
+type Setting struct {
+	Flag    string // the flag, without its dashes
+	Env     string // the environment variable that is the flag's default
+	Default string // used when neither is given
+	Unset   string // for --help: what applies when Default is empty and nothing is given
+	Arg     string // what the value looks like, in --help
+	Help    string
+	Scope   Scope
+	Multi   bool                        // the flag may be repeated; values are joined with commas
+	set     func(*Values, string) error // parses the raw value into Values
+}
+
+// Values is what the table resolves to.
+type Values struct {
+	Home    home.Dir
+	BusPort int    // 0 only when the row was not loaded
+	BusURL  string // empty: the URL the running bus wrote under Home
+
+	Host            string
+	Cache           string // empty: Home's cache directory
+	Accel           string
+	MITMAddr        string
+	UpstreamDNS     string
+	ClaudeTokenURL  string
+	GitrelaySSH     string
+	GitrelaySSHOpts []string
+	GitrelayHosts   string // checked by the root with the relay's own parser
+	Resolve         map[string]string
+	ExtraCA         string
+	ExtraRoots      []*x509.Certificate
+}
+
+// Table is every setting, in the order --help lists them.
+var Table = []Setting{
+	{Flag: "home", Env: "NEXUS_HOME", Default: "~/.local/share/nexus", Arg: "dir", Scope: Global,
+		Help: "where nexus keeps its state: bus, sandboxes, images, secrets",
+		set: func(v *Values, s string) error {
+			h, err := homeDir(s)
+			v.Home = h
+			return err
+		}},
+	{Flag: "bus-port", Env: "NEXUS_BUS_PORT", Default: strconv.Itoa(bus.DefaultPort), Arg: "port", Scope: Global,
+		Help: "bus port on 127.0.0.1: where the bus listens, and where clients look while it is down",
+		set: func(v *Values, s string) error {
+			p, err := strconv.Atoi(s)
+			if err != nil || p < 1 || p > 65535 {
+				return fmt.Errorf("%q is not a port number (1-65535)", s)
+			}
+			v.BusPort = p
+			return nil
+		}},
+	{Flag: "bus-url", Env: "NEXUS_BUS_URL", Arg: "url", Scope: Global,
+		Help:  "bus URL to dial",
+		Unset: "the URL the running bus wrote under the home",
+		set: func(v *Values, s string) error {
+			u, err := url.Parse(s)
+			if err != nil || u.Scheme == "" || u.Host == "" {
+				return fmt.Errorf("%q is not a URL such as nats://127.0.0.1:4244", s)
+			}
+			v.BusURL = s
+			return nil
+		}},
+
+	{Flag: "host", Env: "NEXUS_HOST", Default: bus.LocalHost, Arg: "name", Scope: Stack,
+		Help: "this machine's name on the bus: the host its services serve and new sandboxes are placed on",
+		set: func(v *Values, s string) error {
+			if strings.ContainsAny(s, ". *>\t") {
+				return fmt.Errorf("%q is not a host name (no dots, spaces or wildcards)", s)
+			}
+			v.Host = s
+			return nil
+		}},
+	{Flag: "cache", Env: "NEXUS_CACHE", Arg: "dir", Scope: Stack,
+		Help:  "download and image cache, shareable between homes",
+		Unset: "<home>/cache",
+		set: func(v *Values, s string) error {
+			abs, err := filepath.Abs(s)
+			v.Cache = abs
+			return err
+		}},
+	{Flag: "accel", Env: "NEXUS_ACCEL", Default: "auto", Arg: "auto|kvm|tcg", Scope: Stack,
+		Help: "QEMU accelerator: auto probes KVM once with a real boot and falls back to tcg",
+		set: func(v *Values, s string) error {
+			switch s {
+			case "auto", "kvm", "tcg":
+				v.Accel = s
+				return nil
+			}
+			return fmt.Errorf("%q is not one of auto, kvm, tcg", s)
+		}},
+	{Flag: "mitm-addr", Env: "NEXUS_MITM_ADDR", Arg: "host:port", Scope: Stack,
+		Help:  "where the mitm accepts CONNECTs",
+		Unset: "the address it used last time, else a free loopback port",
+		set: func(v *Values, s string) error {
+			if _, _, err := net.SplitHostPort(s); err != nil {
+				return fmt.Errorf("%q is not host:port", s)
+			}
+			v.MITMAddr = s
+			return nil
+		}},
+	{Flag: "upstream-dns", Env: "NEXUS_UPSTREAM_DNS", Arg: "ip:port", Scope: Stack,
+		Help:  "resolver the netstack asks for allowed names",
+		Unset: "the first nameserver of /etc/resolv.conf",
+		set: func(v *Values, s string) error {
+			if _, err := netip.ParseAddrPort(s); err != nil {
+				return fmt.Errorf("%q is not ip:port", s)
+			}
+			v.UpstreamDNS = s
+			return nil
+		}},
+	{Flag: "claude-token-url", Env: "NEXUS_CLAUDE_TOKEN_URL", Arg: "url", Scope: Stack,
+		Help:  "test aid: OAuth token endpoint the credential guardian refreshes ~/.claude against",
+		Unset: "Anthropic's",
+		set: func(v *Values, s string) error {
+			u, err := url.Parse(s)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("%q is not an http(s) URL", s)
+			}
+			v.ClaudeTokenURL = s
+			return nil
+		}},
+	{Flag: "gitrelay-ssh", Env: "NEXUS_GITRELAY_SSH", Default: "ssh", Arg: "path", Scope: Stack,
+		Help: "the host ssh program the git relay runs",
+		set:  func(v *Values, s string) error { v.GitrelaySSH = s; return nil }},
+	{Flag: "gitrelay-ssh-opts", Env: "NEXUS_GITRELAY_SSH_OPTS", Arg: "options", Scope: Stack,
+		Help: `extra ssh options for the git relay, space-separated ("-F /path -o UserKnownHostsFile=...")`,
+		set:  func(v *Values, s string) error { v.GitrelaySSHOpts = strings.Fields(s); return nil }},
+	{Flag: "gitrelay-hosts", Env: "NEXUS_GITRELAY_HOSTS", Arg: "aliases", Scope: Stack,
+		Help: "git host aliases, comma-separated name=[user@]host[:port]: where the relay's ssh really goes for a host the guest names",
+		set:  func(v *Values, s string) error { v.GitrelayHosts = s; return nil }},
+}
+
+// AddFlags declares the settings of scope on fs. Their defaults are listed in the usage text,
+// not as the flags' default values: a flag is only taken when it is given.
+func AddFlags(fs *pflag.FlagSet, scope Scope) {
+	for i := range Table {
+		s := &Table[i]
+		if s.Scope != scope {
+			continue
+		}
+		fs.Var(&value{multi: s.Multi, arg: s.Arg}, s.Flag, s.usage())
+	}
+}
+
+func (s *Setting) usage() string {
+	u := s.Help + " ($" + s.Env
+	switch {
+	case s.Default != "":
+		u += ", default " + s.Default
+	case s.Unset != "":
+		u += ", default " + s.Unset
+	}
+	return u + ")"
+}
+
+// Load resolves every setting declared on fs (by AddFlags, on this command or a parent):
+// the flag when given, else the environment variable, else the default. A bad value is one
+// ErrInvalid error naming the flag and the variable.
+func Load(fs *pflag.FlagSet) (*Values, error) {
+	v := &Values{}
+	for i := range Table {
+		s := &Table[i]
+		f := fs.Lookup(s.Flag)
+		if f == nil {
+			continue
+		}
+		raw := s.Default
+		if f.Changed {
+			raw = f.Value.String()
+		} else if e, ok := os.LookupEnv(s.Env); ok && e != "" {
+			raw = e
+		}
+		if raw == "" {
+			continue
+		}
+		if err := s.set(v, raw); err != nil {
+			return nil, Invalid(s.Flag, err)
+		}
+	}
+	return v, nil
+}
+
+// Invalid is the error for a bad value of the setting with this flag: one line naming both the
+// flag and its environment variable.
+func Invalid(flag string, err error) error {
+	for _, s := range Table {
+		if s.Flag == flag {
+			return errdefs.Invalid("--%s (or $%s): %v", s.Flag, s.Env, err)
+		}
+	}
+	return errdefs.Invalid("--%s: %v", flag, err)
+}
+
+// value is a setting's flag: a string, or a list for a repeatable one.
+type value struct {
+	vals  []string
+	multi bool
+	arg   string
+}
+
+func (v *value) String() string { return strings.Join(v.vals, ",") }
+func (v *value) Type() string   { return v.arg }
+
+func (v *value) Set(s string) error {
+	if v.multi {
+		v.vals = append(v.vals, s)
+	} else {
+		v.vals = []string{s}
+	}
+	return nil
+}
+
+// homeDir is an absolute home directory; a leading ~/ is the user's home.
+func homeDir(s string) (home.Dir, error) {
+	if rest, ok := strings.CutPrefix(s, "~/"); ok {
+		h, err := os.UserHomeDir()
+		if err != nil || h == "" {
+			return "", fmt.Errorf("neither it nor HOME is set")
+		}
+		s = filepath.Join(h, rest)
+	}
+	abs, err := filepath.Abs(s)
+	if err != nil {
+		return "", err
+	}
+	return home.Dir(abs), nil
+}
+
+// parseResolve parses "api.github.com=127.0.0.1:4443,github.com=127.0.0.1:4444".
+func parseResolve(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, pair := range strings.Split(s, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		host, addr, ok := strings.Cut(pair, "=")
+		if !ok || host == "" || addr == "" {
+			return nil, fmt.Errorf("%q is not host=addr", pair)
+		}
+		out[strings.ToLower(host)] = addr
+	}
+	return out, nil
+}
+
+// readRoots reads the certificates of a PEM file.
+func readRoots(path string) ([]*x509.Certificate, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []*x509.Certificate
+	for {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no certificate in %s", path)
+	}
+	return out, nil
+}
