@@ -1,45 +1,45 @@
 package mitm
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httputil"
 	"sync"
 	"time"
 
 	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
 // forward sends an allowed request over the tunnel's upstream connection and relays the answer:
 // streamed both ways, trailers kept, a 101 spliced. The audit event is emitted once the answer's
 // body has been relayed (at once for a protocol switch, whose spliced bytes are not counted). It
 // reports whether the tunnel goes on.
-func (p *Proxy) forward(t *tunnel, req *request, rs *reqState) bool {
+func (p *Proxy) forward(t *tunnel, rs *reqState) bool {
 	resp := &t.resp
-	if err := p.exchange(p.ctx, rs.sess, req, resp); err != nil {
+	if err := p.exchange(p.ctx, rs, resp); err != nil {
 		if errors.Is(err, errTrailerLeak) {
-			t.refuse(req, rs, leakVerdict(rs.sess.host))
+			t.refuse(rs, leakVerdict(rs.sess.host))
 			return false
 		}
 		p.upstreamFailed(t, rs, err)
 		return false
 	}
-	if resp.status == http.StatusSwitchingProtocols {
+	if resp.Status == http.StatusSwitchingProtocols {
 		p.switchProtocols(t, rs, resp)
 		return false
 	}
-	return p.relay(t, req, rs, resp)
+	return p.relay(t, rs, resp)
 }
 
-// exchange sends req on the tunnel's upstream connection, dialling it first when there is none
-// (or the kept one was closed by the host), and reads the answer's head into resp. A kept
-// connection found closed before any answer is replaced once for a request that can safely be
-// sent again.
-func (p *Proxy) exchange(ctx context.Context, sess *session, req *request, resp *response) error {
+// exchange sends the request on the tunnel's upstream connection, dialling it first when there
+// is none (or the kept one was closed by the host), and reads the answer's head into resp. A
+// kept connection found closed before any answer is replaced once for a request that can safely
+// be sent again.
+func (p *Proxy) exchange(ctx context.Context, rs *reqState, resp *http1.Response) error {
+	sess := rs.sess
 	if up := sess.up.Load(); up != nil && up.closedByHost() {
 		sess.dropUpstream()
 	}
@@ -57,7 +57,7 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, req *request, resp 
 				return context.Cause(ctx)
 			}
 		}
-		err := up.roundTrip(req, resp, sess)
+		err := up.roundTrip(rs.req, rs.rewrite, resp)
 		if err == nil {
 			return nil
 		}
@@ -65,7 +65,7 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, req *request, resp 
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if !reused || attempt > 0 || !errors.Is(err, errStale) || !replayable(req) {
+		if !reused || attempt > 0 || !errors.Is(err, errStale) || !replayable(rs.req) {
 			return err
 		}
 	}
@@ -75,92 +75,41 @@ func (p *Proxy) exchange(ctx context.Context, sess *session, req *request, resp 
 // events) is sent chunked and flushed as it arrives; one that breaks off breaks off the guest's
 // connection too, so a cut answer is never taken for a whole one. It reports whether the tunnel
 // goes on.
-func (p *Proxy) relay(t *tunnel, req *request, rs *reqState, resp *response) bool {
+func (p *Proxy) relay(t *tunnel, rs *reqState, resp *http1.Response) bool {
 	sess := rs.sess
-	f := noFraming
+	f := http1.NoBody
 	switch {
-	case resp.noBody:
-	case resp.frame.length >= 0:
-		f.length = resp.frame.length
-	case req.minor >= 1:
-		f.chunked = true
+	case resp.NoBody:
+	case resp.Framing.Length >= 0:
+		f.Length = resp.Framing.Length
+	case rs.req.Minor >= 1:
+		f.Chunked = true
 	default: // an HTTP/1.0 guest: the end of the body is the end of the connection
-		f.close = true
+		f.Close = true
 	}
-	writeResponseHead(t.bw, resp, f)
+	http1.WriteResponseHead(t.bw, resp, f)
 	var n int64
 	var err error
-	switch {
-	case resp.body == nil:
+	if resp.Body == nil {
 		err = t.bw.Flush()
-	case f.chunked:
-		var trailer *head
-		if resp.chunk != nil {
-			trailer = &resp.chunk.trailer
-		}
-		n, err = copyChunked(t.bw, resp.body, trailer)
-	default:
-		buf := copyBufferPool.Get().(*[]byte)
-		n, err = io.CopyBuffer(t.bw, onlyReader{resp.body}, *buf)
-		copyBufferPool.Put(buf)
-		if err == nil {
-			err = t.bw.Flush()
-		}
+	} else {
+		n, err = http1.CopyBody(t.bw, resp.Body, f, resp.Chunks)
 	}
-	if err != nil || resp.close {
+	if err != nil || resp.Close {
 		sess.dropUpstream()
 	} else if up := sess.up.Load(); up != nil {
 		up.used = time.Now()
 	}
-	p.emitRequest(rs, resp.status, n, audit.Allow, rs.allowRule(), "")
-	return err == nil && !f.close
-}
-
-// copyChunked sends body as chunks, each flushed to the peer as it arrives, then the trailer
-// fields (read once the body has ended; nil for none).
-func copyChunked(bw *bufio.Writer, body io.Reader, trailer *head) (int64, error) {
-	buf := copyBufferPool.Get().(*[]byte)
-	defer copyBufferPool.Put(buf)
-	cw := httputil.NewChunkedWriter(bw)
-	var n int64
-	for {
-		k, rerr := body.Read(*buf)
-		if k > 0 {
-			if _, err := cw.Write((*buf)[:k]); err != nil {
-				return n, err
-			}
-			n += int64(k)
-			if err := bw.Flush(); err != nil {
-				return n, err
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			return n, rerr
-		}
-	}
-	if err := cw.Close(); err != nil {
-		return n, err
-	}
-	if trailer != nil {
-		for _, f := range trailer.fields {
-			if len(f.value) > 0 {
-				writeFieldBytes(bw, f.name, f.value)
-			}
-		}
-	}
-	bw.WriteString("\r\n")
-	return n, bw.Flush()
+	p.emitRequest(rs, resp.Status, n, audit.Allow, rs.allowRule(), "")
+	return err == nil && !f.Close
 }
 
 // switchProtocols relays a 101 and splices the guest's connection to the upstream one until
 // either side closes.
-func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *response) {
+func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *http1.Response) {
 	up := rs.sess.up.Swap(nil) // the upgraded connection belongs to the splice now
-	p.emitRequest(rs, resp.status, 0, audit.Allow, rs.allowRule(), "")
-	writeSwitchHead(t.bw, resp)
+	p.emitRequest(rs, resp.Status, 0, audit.Allow, rs.allowRule(), "")
+	http1.WriteSwitchHead(t.bw, resp)
 	if err := t.bw.Flush(); err != nil {
 		up.close()
 		return
@@ -178,13 +127,8 @@ func (p *Proxy) switchProtocols(t *tunnel, rs *reqState, resp *response) {
 // upstreamFailed answers a request the host did not take with a 502 the agent can read instead
 // of a silently closed connection.
 func (p *Proxy) upstreamFailed(t *tunnel, rs *reqState, err error) {
-	p.log.Warn().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str("error", redactHex64(err.Error())).Msg("upstream request failed")
+	p.log.Warn().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str("error", errText(err)).Msg("upstream request failed")
 	reason := fmt.Sprintf("nexus: upstream %s did not answer (%s)", rs.sess.host, upstreamErrorClass(err))
 	t.writeLine(http.StatusBadGateway, reason, true)
 	p.emitRequest(rs, http.StatusBadGateway, 0, audit.Allow, RuleUpstreamError, reason)
 }
-
-// onlyReader hides a body's WriterTo so io.CopyBuffer uses the pooled buffer.
-type onlyReader struct{ io.Reader }
-
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

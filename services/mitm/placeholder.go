@@ -1,9 +1,12 @@
 package mitm
 
 import (
+	"bytes"
 	"encoding/base64"
 	"errors"
 	"strings"
+
+	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
 // placeholderLen is the length of a credbroker placeholder: 32 random bytes in hex.
@@ -51,7 +54,7 @@ type placeholderUse struct {
 // scanPlaceholders looks for this sandbox's placeholders in every field (names and values) and
 // the target of r. Only placeholders in candidate positions are hashed, so the cost for ordinary
 // traffic is one byte scan.
-func scanPlaceholders(sb *Sandbox, r *request, host string) placeholderUse {
+func scanPlaceholders(sb *Sandbox, r *http1.Request, host string) placeholderUse {
 	var u placeholderUse
 	if len(sb.creds) == 0 {
 		return u
@@ -75,12 +78,12 @@ func scanPlaceholders(sb *Sandbox, r *request, host string) placeholderUse {
 		eachHex64(s, func(tok string) bool { return bound(sb.placeholder(tok)) })
 	}
 	var auth, bearer []byte
-	for _, f := range r.fields {
-		checkBytes(f.name)
-		if auth == nil && f.is("Authorization") {
-			auth = f.value
+	for _, f := range r.Fields {
+		checkBytes(f.Name)
+		if auth == nil && f.Is("Authorization") {
+			auth = f.Value
 			// The common case, "Bearer <placeholder>", is looked up once.
-			if tok, ok := bearerPlaceholder(f.value); ok {
+			if tok, ok := bearerPlaceholder(f.Value); ok {
 				hosts, found := sb.placeholderBytes(tok)
 				if !bound(hosts, found) {
 					return u
@@ -91,20 +94,20 @@ func scanPlaceholders(sb *Sandbox, r *request, host string) placeholderUse {
 				continue
 			}
 		}
-		checkBytes(f.value)
+		checkBytes(f.Value)
 		if u.leak {
 			return u
 		}
 		// Basic credentials hide a placeholder in base64 (git sends the token as a password).
-		if f.is("Authorization") || f.is("Proxy-Authorization") {
-			if user, pass, ok := basicAuth(string(f.value)); ok {
+		if f.Is("Authorization") || f.Is("Proxy-Authorization") {
+			if user, pass, ok := basicAuth(string(f.Value)); ok {
 				check(user)
 				check(pass)
 			}
 		}
 	}
-	check(r.target)
-	check(r.url.Path)
+	check(r.Target)
+	check(r.URL.Path)
 	if u.leak || auth == nil {
 		return u
 	}
@@ -122,10 +125,10 @@ func scanPlaceholders(sb *Sandbox, r *request, host string) placeholderUse {
 var errTrailerLeak = errors.New("mitm: placeholder in a request trailer")
 
 // trailerLeaks reports whether trailer fields carry a placeholder of sb not bound to host.
-func trailerLeaks(sb *Sandbox, tr *head, host string) bool {
+func trailerLeaks(sb *Sandbox, tr *http1.Head, host string) bool {
 	leak := false
-	for _, f := range tr.fields {
-		for _, b := range [2][]byte{f.name, f.value} {
+	for _, f := range tr.Fields {
+		for _, b := range [2][]byte{f.Name, f.Value} {
 			eachHex64(b, func(tok []byte) bool {
 				hosts, ok := sb.placeholderBytes(tok)
 				leak = leak || ok && !hosts.Match(host)
@@ -156,10 +159,10 @@ func basicAuth(h string) (user, pass string, ok bool) {
 // bearerPlaceholder extracts the token of "Bearer <64 hex digits>" (scheme in any case, spaces
 // around the token allowed): the shape of a placeholder in an Authorization value.
 func bearerPlaceholder(v []byte) ([]byte, bool) {
-	if len(v) < 7 || !asciiEqualFold(v[:7], "bearer ") {
+	if len(v) < 7 || !bytes.EqualFold(v[:7], []byte("bearer ")) {
 		return nil, false
 	}
-	tok := trimSpace(v[7:])
+	tok := bytes.Trim(v[7:], " \t")
 	if len(tok) != placeholderLen {
 		return nil, false
 	}

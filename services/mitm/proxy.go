@@ -12,10 +12,10 @@
 //
 // elazarl/goproxy takes the CONNECT and hands the accepted connection over (ConnectHijack). The
 // proxy then terminates TLS itself and serves the tunnel's requests in order (tunnel.go): each
-// head is read into the tunnel's own buffer and checked as strictly as net/http would (head.go,
-// message.go; fuzzed against net/http), bounded in size and time, judged, and forwarded as the
-// guest wrote it less its hop-by-hop fields, with bodies framed by the proxy (wire.go), over the
-// tunnel's own upstream connection (upstream.go, forward.go).
+// head is read into the tunnel's own buffer and checked as strictly as net/http would
+// (internal/http1, fuzzed against net/http), bounded in size and time, judged (judge.go), and
+// forwarded as the guest wrote it less its hop-by-hop fields, with bodies framed by the proxy,
+// over the tunnel's own upstream connection (upstream.go, forward.go).
 package mitm
 
 import (
@@ -38,6 +38,7 @@ import (
 
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
 // Log field keys.
@@ -248,13 +249,19 @@ type session struct {
 	allowed bool
 }
 
-// reqState is one request inside a tunnel.
+// reqState is one request inside a tunnel: what the checks found and decided about it, and what
+// its audit event says.
 type reqState struct {
-	sess    *session
-	method  string
-	path    string
+	sess *session
+	req  *http1.Request
+	path string // the target's path, placeholders redacted
+	// use is what the request carries of the sandbox's placeholders (checkPlaceholders).
+	use placeholderUse
+	// rewrite is how the request is forwarded: its credential swapped or dropped.
+	rewrite http1.Rewrite
 	swapped bool
-	reqBody *countingBody
+	// reqBody counts the body of an allowed request.
+	reqBody countingBody
 	// rule is the request policy's rule for an allowed request ("" when no policy judged it).
 	rule string
 }
@@ -370,13 +377,9 @@ func (p *Proxy) resolve(ctx context.Context, sb *Sandbox, host, placeholder stri
 }
 
 func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision, rule, reason string) {
-	n := respBytes
-	if rs.reqBody != nil {
-		n += rs.reqBody.n
-	}
 	p.emit(audit.Event{
 		Sandbox: rs.sess.sb.ID, Layer: audit.LayerHTTP, Host: rs.sess.host, Port: atoiPort(rs.sess.port),
-		Method: rs.method, Path: rs.path, Status: status, Bytes: n,
+		Method: rs.req.Method, Path: rs.path, Status: status, Bytes: respBytes + rs.reqBody.n,
 		Decision: decision, Rule: rule, Reason: reason, Swapped: rs.swapped,
 	})
 }
@@ -384,42 +387,6 @@ func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision,
 func (p *Proxy) emit(ev audit.Event) {
 	ev.Time = time.Now()
 	p.audit.emit(ev)
-}
-
-// requestHost is the host a request names: its Host field and, when the request line carries an
-// absolute URL, that URL's host; both must agree. Ports other than the tunnel's are a mismatch
-// too.
-func requestHost(hostField, urlHost, tunnelPort string) (string, bool) {
-	var out string
-	for _, hp := range [2]string{urlHost, hostField} {
-		if hp == "" {
-			continue
-		}
-		h, port, err := splitHostPort(hp, tunnelPort)
-		if err != nil {
-			return safeHost(hp), false
-		}
-		if port != tunnelPort {
-			return h + ":" + port, false
-		}
-		if out != "" && h != out {
-			return h, false
-		}
-		out = h
-	}
-	return out, out != ""
-}
-
-func notAllowedReason(host string) string {
-	return fmt.Sprintf("nexus: refused: host %s is not in this sandbox's allowlist (add it with --allow-host %s or egress.allow in .nexus/config.yaml)", host, host)
-}
-
-func mismatchReason(got, tunnel string) string {
-	if got == "" {
-		got = "(none)"
-	}
-	return fmt.Sprintf("nexus: refused: Host %s does not match the TLS server name %s; one connection serves one host (open a new connection to %s; it must be allowed with --allow-host or egress.allow in .nexus/config.yaml)",
-		got, tunnel, got)
 }
 
 // safeHost makes an untrusted host string printable on one line.
@@ -447,13 +414,13 @@ func atoiPort(s string) int {
 func upstreamErrorClass(err error) string {
 	var ce *tls.CertificateVerificationError
 	var ne net.Error
-	var bad *malformedError
+	var bad *http1.Error
 	switch {
 	case errors.As(err, &ce):
 		return "its TLS certificate is not trusted"
 	case errors.As(err, &bad):
-		return "its answer was not valid HTTP/1.1: " + bad.what
-	case errors.Is(err, errHeadTooLarge):
+		return "its answer was not valid HTTP/1.1: " + malformedText(bad)
+	case errors.Is(err, http1.ErrHeadTooLarge):
 		return fmt.Sprintf("its answer's head was larger than %d bytes", MaxRequestHeaderBytes)
 	case errors.As(err, &ne) && ne.Timeout():
 		return "timeout"

@@ -5,18 +5,18 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/elazarl/goproxy"
 
 	"github.com/IniZio/nexus/pkg/audit"
-	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
 // MaxRequestHeaderBytes bounds a request line plus headers inside a tunnel; a guest that sends
@@ -91,8 +91,9 @@ type tunnel struct {
 	sess *session
 	br   *bufio.Reader
 	bw   *bufio.Writer
-	req  request  // reused for each request: its buffers are the tunnel's
-	resp response // likewise for the host's answers
+	req  http1.Request  // reused for each request: its buffers are the tunnel's
+	resp http1.Response // likewise for the host's answers
+	rs   reqState       // likewise for what the checks make of each request
 }
 
 // serveTunnel reads the guest's requests one at a time and answers each: refused, or forwarded
@@ -131,39 +132,40 @@ func (t *tunnel) serveOne() bool {
 		t.conn.SetReadDeadline(time.Now().Add(requestHeaderTimeout))
 	}
 	req := &t.req
-	err := req.read(t.br)
+	err := req.Read(t.br, MaxRequestHeaderBytes)
 	if deadline {
 		t.conn.SetReadDeadline(time.Time{})
 	}
 	if err != nil {
-		var bad *malformedError
-		var version *versionError
+		var bad *http1.Error
 		switch {
-		case errors.Is(err, errHeadTooLarge):
+		case errors.Is(err, http1.ErrHeadTooLarge):
 			t.refuseUnread(http.StatusRequestHeaderFieldsTooLarge, RuleHeadTooLarge, fmt.Sprintf("nexus: refused: request head larger than %d bytes", MaxRequestHeaderBytes))
-		case errors.As(err, &version):
+		case errors.Is(err, http1.ErrVersion):
 			t.refuseUnread(http.StatusHTTPVersionNotSupported, RuleBadRequest, "nexus: refused: only HTTP/1.x is served in a tunnel")
 		case errors.As(err, &bad):
-			t.refuseUnread(http.StatusBadRequest, RuleBadRequest, "nexus: refused: "+bad.Error())
+			t.refuseUnread(http.StatusBadRequest, RuleBadRequest, "nexus: refused: malformed HTTP message: "+malformedText(bad))
 		}
 		return false // a timeout or a guest that went away: nobody to answer
 	}
-	if req.expectContinue && req.body != nil {
-		req.body = &continueBody{r: req.body, t: t}
+	if req.ExpectContinue && req.Body != nil {
+		req.Body = &continueBody{r: req.Body, t: t}
 	}
-	rs := &reqState{sess: t.sess, method: req.method, path: redactPlaceholders(t.sess.sb, req.url.Path)}
+	t.rs = reqState{sess: t.sess, req: req, path: redactPlaceholders(t.sess.sb, req.URL.Path),
+		rewrite: http1.Rewrite{DefaultHost: t.sess.addr}}
+	rs := &t.rs
 	var keep bool
-	if v := t.p.judge(req, rs); v != nil {
-		keep = t.refuse(req, rs, v)
+	if v := t.p.judge(rs); v != nil {
+		keep = t.refuse(rs, v)
 	} else {
-		keep = t.p.forward(t, req, rs)
+		keep = t.p.forward(t, rs)
 	}
-	if !keep || req.close {
+	if !keep || req.Close {
 		return false
 	}
 	// Whatever of the request body nobody read is skipped, within reason.
-	if req.body != nil {
-		n, err := io.CopyN(io.Discard, req.body, maxDrainBytes+1)
+	if req.Body != nil {
+		n, err := io.CopyN(io.Discard, req.Body, maxDrainBytes+1)
 		if n > maxDrainBytes || (err != nil && !errors.Is(err, io.EOF)) {
 			return false
 		}
@@ -178,111 +180,11 @@ func headBuffered(br *bufio.Reader) bool {
 	return bytes.Contains(b, []byte("\n\r\n")) || bytes.Contains(b, []byte("\n\n"))
 }
 
-// verdict is a refusal: the status, the audit rule and the one-line reason.
-type verdict struct {
-	status int
-	rule   string
-	reason string
-}
-
-// judge decides one request inside a tunnel and, when it is allowed, swaps its credential. The
-// checks run in this order: host on the allowlist, Host header equals the tunnel's host, no
-// placeholder bound elsewhere, the request policy, then the credential swap. nil allows.
-func (p *Proxy) judge(req *request, rs *reqState) *verdict {
-	sess := rs.sess
-	sb := sess.sb
-	if req.method == http.MethodConnect {
-		return &verdict{http.StatusMethodNotAllowed, RuleBadRequest, "nexus: refused: CONNECT inside a tunnel (open a new connection to the other host instead)"}
-	}
-	if !sess.allowed {
-		return &verdict{http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host)}
-	}
-	// The Host field as the guest's client writes it is the tunnel's host itself: nothing to
-	// normalise.
-	if req.host != sess.host || req.url.Host != "" {
-		if h, ok := requestHost(req.host, req.url.Host, sess.port); !ok || h != sess.host {
-			return &verdict{http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host)}
-		}
-	}
-	use := scanPlaceholders(sb, req, sess.host)
-	if use.leak {
-		return leakVerdict(sess.host)
-	}
-	if req.chunk != nil {
-		// Trailer fields come after the body: they are looked at when they arrive.
-		req.chunk.check = func(tr *head) error {
-			if trailerLeaks(sb, tr, sess.host) {
-				return errTrailerLeak
-			}
-			return nil
-		}
-	}
-	if sb.Policy != nil {
-		hr := req.httpRequest()
-		v := sb.Policy.Decide(hr, sess.host)
-		req.body = bodyOf(hr) // the policy may have read part of it and put it back
-		if v.Deny {
-			rule := v.Rule
-			if rule == "" {
-				rule = "http_policy"
-			}
-			reason := errdefs.FirstLine(v.Reason)
-			if reason == "" {
-				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.method, rs.path, sess.host)
-			}
-			return &verdict{http.StatusForbidden, rule, reason}
-		}
-		rs.rule = v.Rule
-		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
-			req.stripAuth = true
-			use.bearer, use.basicPass = "", ""
-		}
-	}
-	if use.bearer != "" || use.basicPass != "" {
-		placeholder := use.bearer
-		if placeholder == "" {
-			placeholder = use.basicPass
-		}
-		secret, err := p.resolve(context.Background(), sb, sess.host, placeholder)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrRefused) {
-				return &verdict{http.StatusForbidden, RuleCredRefused, fmt.Sprintf(
-					"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", sess.host)}
-			}
-			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Str("error", redactHex64(err.Error())).Msg("credential resolve failed")
-			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
-				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host)}
-		}
-		if !validFieldValue(secret) {
-			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Msg("credential holds a control character (a line break?): not sent")
-			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
-				"nexus: the credential for %s is not a valid header value (set it again without line breaks: `nexus secret set`)", sess.host)}
-		}
-		if use.bearer != "" {
-			req.auth = "Bearer " + secret
-		} else {
-			req.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(use.basicUser+":"+secret))
-		}
-		rs.swapped = true
-	}
-	if req.body != nil {
-		rs.reqBody = &countingBody{r: req.body}
-		req.body = rs.reqBody
-	}
-	return nil
-}
-
-func leakVerdict(host string) *verdict {
-	return &verdict{http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
-		"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
-		host, host)}
-}
-
 // refuse answers a refused request with its one-line reason (body and X-Nexus-Deny) and audits
 // it. A body the guest is still sending is not waited for: the connection closes after the
 // answer. It reports whether the tunnel goes on.
-func (t *tunnel) refuse(req *request, rs *reqState, v *verdict) bool {
-	closeAfter := req.body != nil
+func (t *tunnel) refuse(rs *reqState, v *verdict) bool {
+	closeAfter := rs.req.Body != nil
 	t.writeLine(v.status, v.reason, closeAfter)
 	t.p.emitRequest(rs, v.status, 0, audit.Deny, v.rule, v.reason)
 	t.p.log.Info().Str(logKeySandbox, rs.sess.sb.ID).Str(logKeyHost, rs.sess.host).Str(logKeyRule, v.rule).Msg("request refused")
@@ -322,6 +224,38 @@ func (b *continueBody) Read(p []byte) (int, error) {
 		}
 	}
 	return b.r.Read(p)
+}
+
+// malformedText is an http1.Error as the guest, the audit and the logs see it: one printable
+// line, anything shaped like a placeholder redacted before the peer's bytes are clipped.
+func malformedText(e *http1.Error) string {
+	s := e.Reason
+	if e.Name != "" {
+		s += " " + redactHex64(e.Name)
+	}
+	if e.Value != nil {
+		s += " " + safeBytes(e.Value)
+	}
+	return s
+}
+
+// safeBytes quotes at most 64 bytes of untrusted input, printable and on one line, with
+// anything shaped like a placeholder redacted first (cutting one short would hide it from the
+// redaction).
+func safeBytes(b []byte) string {
+	s := redactHex64(string(b))
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	return strconv.QuoteToASCII(s)
+}
+
+// errText is err for a log line, with nothing shaped like a placeholder in it.
+func errText(err error) string {
+	if bad := (*http1.Error)(nil); errors.As(err, &bad) {
+		return "malformed HTTP message: " + malformedText(bad)
+	}
+	return redactHex64(err.Error())
 }
 
 // prefixConn replays the byte read to tell TLS from plain HTTP before reading on.

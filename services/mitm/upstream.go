@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
 // Upstream connections. Each guest connection (one tunnel) gets its own connection to the host it
@@ -108,8 +110,8 @@ var errStale = errors.New("mitm: kept upstream connection was closed by the host
 // roundTrip writes req (streaming its body) and reads the answer's head into resp, skipping
 // informational answers other than 101. Closing the connection (the request's context ending)
 // unblocks it.
-func (u *upstreamConn) roundTrip(req *request, resp *response, sess *session) error {
-	if err := writeRequest(u.bw, req, sess); err != nil {
+func (u *upstreamConn) roundTrip(req *http1.Request, rw http1.Rewrite, resp *http1.Response) error {
+	if err := http1.WriteRequest(u.bw, req, rw); err != nil {
 		return err
 	}
 	if err := u.bw.Flush(); err != nil {
@@ -121,7 +123,7 @@ func (u *upstreamConn) roundTrip(req *request, resp *response, sess *session) er
 		}
 		return err
 	}
-	return resp.read(u.br, req.method)
+	return resp.Read(u.br, req.Method, MaxRequestHeaderBytes)
 }
 
 // closedByHost reports whether the host closed the kept connection while it was idle: a read that
@@ -149,31 +151,15 @@ func isReset(err error) bool {
 
 // replayable: a request that may be sent again on a new connection when the kept one turned out
 // closed: no body, and a method that does not change anything (or an idempotency key).
-func replayable(r *request) bool {
-	if r.body != nil {
+func replayable(r *http1.Request) bool {
+	if r.Body != nil {
 		return false
 	}
-	switch r.method {
+	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
 	}
-	k1, _ := r.get("Idempotency-Key")
-	k2, _ := r.get("X-Idempotency-Key")
+	k1, _ := r.Get("Idempotency-Key")
+	k2, _ := r.Get("X-Idempotency-Key")
 	return len(k1) > 0 || len(k2) > 0
-}
-
-// hopHeaders are the headers of one connection, never forwarded (RFC 9110 §7.6.1).
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-// printable: an upgrade token fit to put back on the wire.
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
