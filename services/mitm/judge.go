@@ -12,6 +12,28 @@ import (
 	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
+// The decision on a request inside a tunnel is an ordered list of named checks. Each check
+// refuses the request (a verdict) or lets it go on to the next; the first refusal answers it.
+// A check's name is the audit rule of its refusals (a request policy names finer ones; a
+// credential that cannot be had right now is cred_unavailable). A request all checks let pass
+// is forwarded as they left it: its credential swapped, or dropped by the policy.
+
+// check is one question asked of every request.
+type check struct {
+	name string
+	run  func(p *Proxy, rs *reqState) *verdict
+}
+
+// checks, in the order they are asked.
+var checks = [...]check{
+	{RuleBadRequest, checkMethod},            // CONNECT is for the netstack, not inside a tunnel
+	{RuleHostNotAllowed, checkHost},          // the tunnel's host (the TLS server name) is allowed
+	{RuleHostMismatch, checkHostField},       // the Host field and target name that host
+	{RulePlaceholderLeak, checkPlaceholders}, // no placeholder of the sandbox bound elsewhere
+	{RuleHTTPPolicy, checkPolicy},            // the sandbox's request policy
+	{RuleCredRefused, checkSwap},             // the bound placeholder swapped for its credential
+}
+
 // verdict is a refusal: the status, the audit rule and the one-line reason.
 type verdict struct {
 	status int
@@ -19,89 +41,91 @@ type verdict struct {
 	reason string
 }
 
-// judge decides one request inside a tunnel and, when it is allowed, swaps its credential. The
-// checks run in this order: host on the allowlist, Host header equals the tunnel's host, no
-// placeholder bound elsewhere, the request policy, then the credential swap. nil allows.
+// judge asks the checks in order. nil allows the request, whose body (if any) is counted from
+// here on for its audit event.
 func (p *Proxy) judge(rs *reqState) *verdict {
-	sess, req := rs.sess, rs.req
-	sb := sess.sb
-	if req.Method == http.MethodConnect {
-		return &verdict{http.StatusMethodNotAllowed, RuleBadRequest, "nexus: refused: CONNECT inside a tunnel (open a new connection to the other host instead)"}
-	}
-	if !sess.allowed {
-		return &verdict{http.StatusForbidden, RuleHostNotAllowed, notAllowedReason(sess.host)}
-	}
-	// The Host field as the guest's client writes it is the tunnel's host itself: nothing to
-	// normalise.
-	if req.Host != sess.host || req.URL.Host != "" {
-		if h, ok := requestHost(req.Host, req.URL.Host, sess.port); !ok || h != sess.host {
-			return &verdict{http.StatusForbidden, RuleHostMismatch, mismatchReason(h, sess.host)}
+	for i := range checks {
+		if v := checks[i].run(p, rs); v != nil {
+			if v.rule == "" {
+				v.rule = checks[i].name
+			}
+			return v
 		}
 	}
-	use := scanPlaceholders(sb, req, sess.host)
-	if use.leak {
-		return leakVerdict(sess.host)
+	if req := rs.req; req.Body != nil {
+		rs.reqBody = countingBody{r: req.Body}
+		req.Body = &rs.reqBody
 	}
-	if req.Chunks != nil {
+	return nil
+}
+
+func checkMethod(_ *Proxy, rs *reqState) *verdict {
+	if rs.req.Method != http.MethodConnect {
+		return nil
+	}
+	return &verdict{status: http.StatusMethodNotAllowed,
+		reason: "nexus: refused: CONNECT inside a tunnel (open a new connection to the other host instead)"}
+}
+
+func checkHost(_ *Proxy, rs *reqState) *verdict {
+	if rs.sess.allowed {
+		return nil
+	}
+	return &verdict{status: http.StatusForbidden, reason: notAllowedReason(rs.sess.host)}
+}
+
+func checkHostField(_ *Proxy, rs *reqState) *verdict {
+	req, sess := rs.req, rs.sess
+	// The Host field as the guest's client writes it is the tunnel's host itself: nothing to
+	// normalise.
+	if req.Host == sess.host && req.URL.Host == "" {
+		return nil
+	}
+	if h, ok := requestHost(req.Host, req.URL.Host, sess.port); !ok || h != sess.host {
+		return &verdict{status: http.StatusForbidden, reason: mismatchReason(h, sess.host)}
+	}
+	return nil
+}
+
+func checkPlaceholders(_ *Proxy, rs *reqState) *verdict {
+	sb, host := rs.sess.sb, rs.sess.host
+	rs.use = scanPlaceholders(sb, rs.req, host)
+	if rs.use.leak {
+		return leakVerdict(host)
+	}
+	if c := rs.req.Chunks; c != nil && len(sb.creds) > 0 {
 		// Trailer fields come after the body: they are looked at when they arrive.
-		req.Chunks.Check = func(tr *http1.Head) error {
-			if trailerLeaks(sb, tr, sess.host) {
+		c.Check = func(tr *http1.Head) error {
+			if trailerLeaks(sb, tr, host) {
 				return errTrailerLeak
 			}
 			return nil
 		}
 	}
-	if sb.Policy != nil {
-		hr := req.HTTPRequest()
-		v := sb.Policy.Decide(hr, sess.host)
-		req.Body = bodyOf(hr) // the policy may have read part of it and put it back
-		if v.Deny {
-			rule := v.Rule
-			if rule == "" {
-				rule = "http_policy"
-			}
-			reason := errdefs.FirstLine(v.Reason)
-			if reason == "" {
-				reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, sess.host)
-			}
-			return &verdict{http.StatusForbidden, rule, reason}
-		}
-		rs.rule = v.Rule
-		if v.StripCredential && (use.bearer != "" || use.basicPass != "") {
-			rs.rewrite.DropAuthorization = true
-			use.bearer, use.basicPass = "", ""
-		}
+	return nil
+}
+
+// checkPolicy runs the sandbox's request policy, written against net/http: only for a sandbox
+// that has one is the request rebuilt as a net/http.Request (and its body taken back from it).
+func checkPolicy(_ *Proxy, rs *reqState) *verdict {
+	sb, req := rs.sess.sb, rs.req
+	if sb.Policy == nil {
+		return nil
 	}
-	if use.bearer != "" || use.basicPass != "" {
-		placeholder := use.bearer
-		if placeholder == "" {
-			placeholder = use.basicPass
+	hr := req.HTTPRequest()
+	v := sb.Policy.Decide(hr, rs.sess.host)
+	req.Body = bodyOf(hr) // the policy may have read part of it and put it back
+	if v.Deny {
+		reason := errdefs.FirstLine(v.Reason)
+		if reason == "" {
+			reason = fmt.Sprintf("nexus: refused: %s %s is not allowed by this sandbox's request policy for %s", req.Method, rs.path, rs.sess.host)
 		}
-		secret, err := p.resolve(context.Background(), sb, sess.host, placeholder)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrRefused) {
-				return &verdict{http.StatusForbidden, RuleCredRefused, fmt.Sprintf(
-					"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", sess.host)}
-			}
-			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Str("error", redactHex64(err.Error())).Msg("credential resolve failed")
-			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
-				"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", sess.host)}
-		}
-		if !http1.ValidFieldValue(secret) {
-			p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, sess.host).Msg("credential holds a control character (a line break?): not sent")
-			return &verdict{http.StatusBadGateway, RuleCredUnavailable, fmt.Sprintf(
-				"nexus: the credential for %s is not a valid header value (set it again without line breaks: `nexus secret set`)", sess.host)}
-		}
-		if use.bearer != "" {
-			rs.rewrite.Authorization = "Bearer " + secret
-		} else {
-			rs.rewrite.Authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(use.basicUser+":"+secret))
-		}
-		rs.swapped = true
+		return &verdict{status: http.StatusForbidden, rule: v.Rule, reason: reason}
 	}
-	if req.Body != nil {
-		rs.reqBody = countingBody{r: req.Body}
-		req.Body = &rs.reqBody
+	rs.rule = v.Rule
+	if v.StripCredential && (rs.use.bearer != "" || rs.use.basicPass != "") {
+		rs.rewrite.DropAuthorization = true
+		rs.use.bearer, rs.use.basicPass = "", ""
 	}
 	return nil
 }
@@ -112,6 +136,40 @@ func bodyOf(hr *http.Request) io.Reader {
 		return nil
 	}
 	return hr.Body
+}
+
+func checkSwap(p *Proxy, rs *reqState) *verdict {
+	use := &rs.use
+	placeholder := use.bearer
+	if placeholder == "" {
+		placeholder = use.basicPass
+	}
+	if placeholder == "" {
+		return nil
+	}
+	sb, host := rs.sess.sb, rs.sess.host
+	secret, err := p.resolve(context.Background(), sb, host, placeholder)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrRefused) {
+			return &verdict{status: http.StatusForbidden, reason: fmt.Sprintf(
+				"nexus: refused: the credential bound to %s was not released for this sandbox (recreate the sandbox to pick up the current secret)", host)}
+		}
+		p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, host).Str("error", redactHex64(err.Error())).Msg("credential resolve failed")
+		return &verdict{status: http.StatusBadGateway, rule: RuleCredUnavailable, reason: fmt.Sprintf(
+			"nexus: the credential for %s is unavailable right now (check `nexus secret ls` and that credbroker is running)", host)}
+	}
+	if !http1.ValidFieldValue(secret) {
+		p.log.Warn().Str(logKeySandbox, sb.ID).Str(logKeyHost, host).Msg("credential holds a control character (a line break?): not sent")
+		return &verdict{status: http.StatusBadGateway, rule: RuleCredUnavailable, reason: fmt.Sprintf(
+			"nexus: the credential for %s is not a valid header value (set it again without line breaks: `nexus secret set`)", host)}
+	}
+	if use.bearer != "" {
+		rs.rewrite.Authorization = "Bearer " + secret
+	} else {
+		rs.rewrite.Authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(use.basicUser+":"+secret))
+	}
+	rs.swapped = true
+	return nil
 }
 
 func leakVerdict(host string) *verdict {

@@ -1,21 +1,29 @@
 // Package mitm is the TLS-intercepting egress proxy of a nexus host (DESIGN §5).
 //
 // The netstack shim opens `CONNECT host:port` with `Proxy-Authorization: Basic
-// base64(<sandbox id>:<token>)` for every guest TLS/HTTP connection. The proxy identifies the
-// sandbox, terminates the guest's TLS with a leaf minted by the per-installation CA for the
-// CONNECT host, and judges every request: the TLS server name and every Host header must be the
-// CONNECT host and on the sandbox's allowlist (the shared-CDN hole), a placeholder of the sandbox
-// may only travel to a host it is bound to (else 403, rule placeholder_leak), request policies
-// run, and `Authorization: Bearer <placeholder>` is swapped for the real credential from the
-// Resolver. Bodies stream in both directions; WebSocket upgrades pass. Each request ends in one
-// audit.Event, handed to the sink off the request path.
+// base64(<sandbox id>:<token>)` for every guest TLS/HTTP connection. Three parts serve it:
 //
-// elazarl/goproxy takes the CONNECT and hands the accepted connection over (ConnectHijack). The
-// proxy then terminates TLS itself and serves the tunnel's requests in order (tunnel.go): each
-// head is read into the tunnel's own buffer and checked as strictly as net/http would
-// (internal/http1, fuzzed against net/http), bounded in size and time, judged (judge.go), and
-// forwarded as the guest wrote it less its hop-by-hop fields, with bodies framed by the proxy,
-// over the tunnel's own upstream connection (upstream.go, forward.go).
+//   - goproxy accepts the CONNECT. elazarl/goproxy reads the CONNECT, the proxy identifies the
+//     sandbox from its Proxy-Authorization, and goproxy hands the accepted connection over
+//     (ConnectHijack). The proxy terminates the guest's TLS with a leaf minted by the
+//     per-installation CA for the CONNECT host (a ClientHello naming another server is refused:
+//     sni_mismatch), or takes the tunnel as plain HTTP (tunnel.go).
+//   - The codec is ours: internal/http1 reads each request of the tunnel in order into the
+//     tunnel's own buffer, as strictly as net/http would (fuzzed against it), bounded in size
+//     and time, and writes it as the guest sent it less its hop-by-hop fields, with the bodies
+//     framed by the proxy, to the tunnel's own upstream connection (upstream.go, forward.go).
+//     Bodies stream both ways; trailers pass; a 101 is spliced (WebSockets).
+//   - The decision is the ordered list of checks in judge.go, each named by the audit rule of
+//     its refusals: bad_request (no CONNECT inside a tunnel), host_not_allowed (the tunnel's
+//     host is on the sandbox's allowlist), host_mismatch (the Host field and target name that
+//     host: the shared-CDN hole), placeholder_leak (a placeholder of the sandbox travels only
+//     to a host it is bound to), http_policy (the sandbox's request policy, which names finer
+//     rules), cred_refused (`Authorization: Bearer <placeholder>`, or the password of a Basic
+//     one, swapped for the real credential from the Resolver; cred_unavailable when it cannot
+//     be had). The first refusal answers the request (403 or 502, with X-Nexus-Deny); an
+//     allowed request's rule is host_allowed, or the request policy's.
+//
+// Each request ends in one audit.Event, handed to the sink off the request path.
 package mitm
 
 import (
@@ -59,6 +67,7 @@ const (
 	RuleHostMismatch    = "host_mismatch"
 	RuleSNIMismatch     = "sni_mismatch"
 	RulePlaceholderLeak = "placeholder_leak"
+	RuleHTTPPolicy      = "http_policy" // a request policy's refusal that names no finer rule
 	RuleCredRefused     = "cred_refused"
 	RuleCredUnavailable = "cred_unavailable"
 	RuleUpstreamError   = "upstream_error"
