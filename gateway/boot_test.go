@@ -26,7 +26,7 @@ func TestBootRemovedMeanwhile(t *testing.T) {
 	var once sync.Once
 	ok, _ := bus.EncodeOK(struct{}{})
 	sub, err := b.Connect(t, bus.UserAdmin).Subscribe(bus.VMMPrefix+".>", func(m *nats.Msg) {
-		if strings.HasSuffix(m.Subject, "."+vmmapi.VerbStart) {
+		if m.Subject == vmmapi.Start.Subject(bus.LocalHost) {
 			once.Do(func() { close(started) })
 			<-release
 		}

@@ -173,7 +173,6 @@ func (f *fakeVMM) mapPaths(ss []string) []string {
 
 func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 	f := &fakeVMM{vms: map[string]*vmmapi.VMInfo{}}
-	subj := func(verb string) string { return bus.HostSubject(bus.VMMPrefix, bus.LocalHost, verb) }
 	ready := make(chan error, 1)
 	serve := func(register func(s *bus.Service) error) {
 		err := bus.Serve(ctx, nc, bus.ServiceInfo{Name: "vmm", Host: bus.LocalHost, Version: "0.0.1"}, zerolog.Nop(), register)
@@ -184,23 +183,23 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 	}
 	go serve(func(s *bus.Service) error {
 		err := errors.Join(
-			bus.Handle(s, "start", subj(vmmapi.VerbStart), func(_ context.Context, r vmmapi.StartRequest) (vmmapi.StartResponse, error) {
+			vmmapi.Start.Serve(s, func(_ context.Context, r vmmapi.StartRequest) (vmmapi.StartResponse, error) {
 				f.mu.Lock()
 				defer f.mu.Unlock()
 				f.vms[r.ID] = &vmmapi.VMInfo{ID: r.ID, Running: true, PID: 1, Started: time.Now()}
 				return vmmapi.StartResponse{PID: 1, Accel: "fake"}, nil
 			}),
-			bus.Handle(s, "stop", subj(vmmapi.VerbStop), f.set(func(vi *vmmapi.VMInfo) { vi.Running = false })),
-			bus.Handle(s, "pause", subj(vmmapi.VerbPause), f.set(func(vi *vmmapi.VMInfo) { vi.Paused = true })),
-			bus.Handle(s, "resume", subj(vmmapi.VerbResume), f.set(func(vi *vmmapi.VMInfo) { vi.Paused = false })),
-			bus.Handle(s, "remove", subj(vmmapi.VerbRemove), func(_ context.Context, r vmmapi.IDRequest) (vmmapi.Empty, error) {
+			vmmapi.Stop.Serve(s, f.set(func(vi *vmmapi.VMInfo) { vi.Running = false })),
+			vmmapi.Pause.Serve(s, f.set(func(vi *vmmapi.VMInfo) { vi.Paused = true })),
+			vmmapi.Resume.Serve(s, f.set(func(vi *vmmapi.VMInfo) { vi.Paused = false })),
+			vmmapi.Remove.Serve(s, func(_ context.Context, r vmmapi.IDRequest) (vmmapi.Empty, error) {
 				f.mu.Lock()
 				defer f.mu.Unlock()
 				delete(f.vms, r.ID)
 				f.removed = append(f.removed, r.ID)
 				return vmmapi.Empty{}, nil
 			}),
-			bus.Handle(s, "inspect", subj(vmmapi.VerbInspect), func(_ context.Context, r vmmapi.IDRequest) (vmmapi.VMInfo, error) {
+			vmmapi.Inspect.Serve(s, func(_ context.Context, r vmmapi.IDRequest) (vmmapi.VMInfo, error) {
 				f.mu.Lock()
 				defer f.mu.Unlock()
 				if vi, ok := f.vms[r.ID]; ok {
@@ -208,7 +207,7 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 				}
 				return vmmapi.VMInfo{ID: r.ID}, nil
 			}),
-			bus.Handle(s, "list", subj(vmmapi.VerbList), func(_ context.Context, _ vmmapi.Empty) ([]vmmapi.VMInfo, error) {
+			vmmapi.List.Serve(s, func(_ context.Context, _ vmmapi.Empty) ([]vmmapi.VMInfo, error) {
 				f.mu.Lock()
 				defer f.mu.Unlock()
 				out := []vmmapi.VMInfo{}
@@ -217,13 +216,13 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 				}
 				return out, nil
 			}),
-			bus.Handle(s, "logs", subj(vmmapi.VerbLogs), func(_ context.Context, r vmmapi.LogsRequest) (vmmapi.LogsResponse, error) {
+			vmmapi.Logs.Serve(s, func(_ context.Context, r vmmapi.LogsRequest) (vmmapi.LogsResponse, error) {
 				log := []byte("boot: ok\nagent: ready \xe2\x9c\x93\n") // ends with a 3-byte rune
 				off := min(r.Offset, int64(len(log)))
 				end := min(off+int64(r.Max), int64(len(log)))
 				return vmmapi.LogsResponse{Data: log[off:end], NextOffset: end}, nil
 			}),
-			bus.Handle(s, "exec", subj(vmmapi.VerbExec), f.exec(nc)),
+			vmmapi.Exec.Serve(s, f.exec(nc)),
 		)
 		ready <- err
 		return err

@@ -17,6 +17,7 @@ import (
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 )
 
@@ -33,6 +34,7 @@ var contracts = []contract{
 	{"credbroker", credapi.Endpoints, bus.UserCredbroker, []string{bus.UserGateway}},
 	{"mitm", mitmapi.Endpoints, bus.UserMITM, []string{bus.UserGateway}},
 	{"netstack", netapi.Endpoints, bus.UserNetstack, []string{bus.UserGateway}},
+	{"vmm", vmmapi.Endpoints, bus.UserVMM, []string{bus.UserGateway}},
 }
 
 // callersOf names the endpoints whose callers are not their contract's.

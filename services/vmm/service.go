@@ -101,27 +101,26 @@ func (s *Service) Run(ctx context.Context) error {
 	s.cleanSnapshotTemps()
 	info := bus.ServiceInfo{Name: "vmm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "microVMs, images, guest agent channel"}
 	return bus.Serve(ctx, s.cfg.Bus, info, s.log, func(svc *bus.Service) error {
-		sub := func(verb string) string { return bus.HostSubject(bus.VMMPrefix, s.cfg.Host, verb) }
 		for _, err := range []error{
-			bus.Handle(svc, "start", sub(api.VerbStart), s.start),
-			bus.Handle(svc, "stop", sub(api.VerbStop), s.stop),
-			bus.Handle(svc, "pause", sub(api.VerbPause), s.pause),
-			bus.Handle(svc, "resume", sub(api.VerbResume), s.resume),
-			bus.Handle(svc, "remove", sub(api.VerbRemove), s.remove),
-			bus.Handle(svc, "inspect", sub(api.VerbInspect), s.inspect),
-			bus.Handle(svc, "list", sub(api.VerbList), s.list),
-			bus.Handle(svc, "exec", sub(api.VerbExec), s.exec),
-			bus.Handle(svc, "copy", sub(api.VerbCopy), s.copy),
-			bus.Handle(svc, "logs", sub(api.VerbLogs), s.logs),
-			bus.Handle(svc, "images", sub(api.VerbImages), s.images),
-			bus.Handle(svc, "image", sub(api.VerbImage), s.image),
-			bus.Handle(svc, "snapshot-create", sub(api.VerbSnapshotCreate), s.snapshotCreate),
-			bus.Handle(svc, "snapshot-remove", sub(api.VerbSnapshotRemove), s.snapshotRemove),
-			bus.Handle(svc, "snapshot-children", sub(api.VerbSnapshotChildren), s.snapshotChildren),
-			bus.Handle(svc, "snapshot-list", sub(api.VerbSnapshotList), s.snapshotList),
-			bus.Handle(svc, "fork", sub(api.VerbFork), s.fork),
-			bus.Handle(svc, "volume-list", sub(api.VerbVolumes), s.volumes),
-			bus.Handle(svc, "volume-remove", sub(api.VerbVolumeRemove), s.volumeRemove),
+			api.Start.Serve(svc, s.start),
+			api.Stop.Serve(svc, s.stop),
+			api.Pause.Serve(svc, s.pause),
+			api.Resume.Serve(svc, s.resume),
+			api.Remove.Serve(svc, s.remove),
+			api.Inspect.Serve(svc, s.inspect),
+			api.List.Serve(svc, s.list),
+			api.Exec.Serve(svc, s.exec),
+			api.Copy.Serve(svc, s.copy),
+			api.Logs.Serve(svc, s.logs),
+			api.Images.Serve(svc, s.images),
+			api.Image.Serve(svc, s.image),
+			api.SnapshotCreate.Serve(svc, s.snapshotCreate),
+			api.SnapshotRemove.Serve(svc, s.snapshotRemove),
+			api.SnapshotChildren.Serve(svc, s.snapshotChildren),
+			api.SnapshotList.Serve(svc, s.snapshotList),
+			api.Fork.Serve(svc, s.fork),
+			api.VolumeList.Serve(svc, s.volumes),
+			api.VolumeRemove.Serve(svc, s.volumeRemove),
 		} {
 			if err != nil {
 				return err

@@ -444,11 +444,11 @@ func (s *Service) children(name string) []string {
 	return ids
 }
 
-func (s *Service) snapshotChildren(ctx context.Context, r api.SnapshotName) (api.SnapshotChildren, error) {
+func (s *Service) snapshotChildren(ctx context.Context, r api.SnapshotName) (api.SnapshotChildrenResponse, error) {
 	if err := api.CheckSnapshotName(r.Snapshot); err != nil {
-		return api.SnapshotChildren{}, err
+		return api.SnapshotChildrenResponse{}, err
 	}
-	return api.SnapshotChildren{IDs: s.children(r.Snapshot)}, nil
+	return api.SnapshotChildrenResponse{IDs: s.children(r.Snapshot)}, nil
 }
 
 // snapshotRemove deletes a snapshot. Live children are refused (they would fault on pages of a

@@ -9,15 +9,15 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
-// Snapshot and fork verbs, on nexus.vmm.<host>.<verb>.
-const (
-	VerbSnapshotCreate   = "snapshot.create"
-	VerbSnapshotRemove   = "snapshot.remove"
-	VerbSnapshotChildren = "snapshot.children"
-	VerbSnapshotList     = "snapshot.list"
-	VerbFork             = "fork"
-	VerbVolumes          = "volume.list"
-	VerbVolumeRemove     = "volume.remove"
+// Snapshot, fork and volume endpoints, on nexus.vmm.<host>.<verb>.
+var (
+	SnapshotCreate   = bus.Endpoint[SnapshotRequest, SnapshotInfo]{Scope: bus.VMMAPI, Verb: "snapshot.create"}
+	SnapshotRemove   = bus.Endpoint[SnapshotName, Empty]{Scope: bus.VMMAPI, Verb: "snapshot.remove"}
+	SnapshotChildren = bus.Endpoint[SnapshotName, SnapshotChildrenResponse]{Scope: bus.VMMAPI, Verb: "snapshot.children"}
+	SnapshotList     = bus.Endpoint[Empty, []SnapshotInfo]{Scope: bus.VMMAPI, Verb: "snapshot.list"}
+	Fork             = bus.Endpoint[ForkRequest, StartResponse]{Scope: bus.VMMAPI, Verb: "fork"}
+	VolumeList       = bus.Endpoint[Empty, []VolumeInfo]{Scope: bus.VMMAPI, Verb: "volume.list"}
+	VolumeRemove     = bus.Endpoint[VolumeRequest, Empty]{Scope: bus.VMMAPI, Verb: "volume.remove"}
 )
 
 // SnapshotTimeout bounds a snapshot: the guest is stopped while its RAM and disk are copied.
@@ -67,8 +67,8 @@ type SnapshotName struct {
 	Snapshot string `json:"snapshot"`
 }
 
-// SnapshotChildren are the sandboxes (ids) whose running VMs map a snapshot's RAM.
-type SnapshotChildren struct {
+// SnapshotChildrenResponse are the sandboxes (ids) whose running VMs map a snapshot's RAM.
+type SnapshotChildrenResponse struct {
 	IDs []string `json:"ids"`
 }
 
@@ -101,27 +101,24 @@ type VolumeRequest struct {
 }
 
 func (c *Client) SnapshotCreate(ctx context.Context, r SnapshotRequest) (SnapshotInfo, error) {
-	return bus.Request[SnapshotInfo](ctx, c.nc, c.subject(VerbSnapshotCreate), r)
+	return SnapshotCreate.Call(ctx, c.nc, c.host, r)
 }
 func (c *Client) SnapshotRemove(ctx context.Context, name string) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbSnapshotRemove), SnapshotName{Snapshot: name})
+	_, err := SnapshotRemove.Call(ctx, c.nc, c.host, SnapshotName{Snapshot: name})
 	return err
 }
 func (c *Client) SnapshotChildren(ctx context.Context, name string) ([]string, error) {
-	r, err := bus.Request[SnapshotChildren](ctx, c.nc, c.subject(VerbSnapshotChildren), SnapshotName{Snapshot: name})
+	r, err := SnapshotChildren.Call(ctx, c.nc, c.host, SnapshotName{Snapshot: name})
 	return r.IDs, err
 }
-func (c *Client) SnapshotList(ctx context.Context) ([]SnapshotInfo, error) {
-	return bus.Request[[]SnapshotInfo](ctx, c.nc, c.subject(VerbSnapshotList), Empty{})
-}
 func (c *Client) Fork(ctx context.Context, r ForkRequest) (StartResponse, error) {
-	return bus.Request[StartResponse](ctx, c.nc, c.subject(VerbFork), r)
+	return Fork.Call(ctx, c.nc, c.host, r)
 }
 func (c *Client) Volumes(ctx context.Context) ([]VolumeInfo, error) {
-	return bus.Request[[]VolumeInfo](ctx, c.nc, c.subject(VerbVolumes), Empty{})
+	return VolumeList.Call(ctx, c.nc, c.host, Empty{})
 }
 func (c *Client) VolumeRemove(ctx context.Context, r VolumeRequest) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbVolumeRemove), r)
+	_, err := VolumeRemove.Call(ctx, c.nc, c.host, r)
 	return err
 }
 

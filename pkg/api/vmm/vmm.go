@@ -11,21 +11,27 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 )
 
-// Verbs, on nexus.vmm.<host>.<verb>.
-const (
-	VerbStart   = "start"
-	VerbStop    = "stop"
-	VerbPause   = "pause"
-	VerbResume  = "resume"
-	VerbRemove  = "remove"
-	VerbInspect = "inspect"
-	VerbList    = "list"
-	VerbExec    = "exec"
-	VerbCopy    = "copy"
-	VerbLogs    = "logs"
-	VerbImages  = "images"
-	VerbImage   = "image"
+// Endpoints, on nexus.vmm.<host>.<verb> (the snapshot and volume ones are in snapshot.go).
+var (
+	Start   = bus.Endpoint[StartRequest, StartResponse]{Scope: bus.VMMAPI, Verb: "start"}
+	Stop    = bus.Endpoint[IDRequest, Empty]{Scope: bus.VMMAPI, Verb: "stop"}
+	Pause   = bus.Endpoint[IDRequest, Empty]{Scope: bus.VMMAPI, Verb: "pause"}
+	Resume  = bus.Endpoint[IDRequest, Empty]{Scope: bus.VMMAPI, Verb: "resume"}
+	Remove  = bus.Endpoint[IDRequest, Empty]{Scope: bus.VMMAPI, Verb: "remove"}
+	Inspect = bus.Endpoint[IDRequest, VMInfo]{Scope: bus.VMMAPI, Verb: "inspect"}
+	List    = bus.Endpoint[Empty, []VMInfo]{Scope: bus.VMMAPI, Verb: "list"}
+	Exec    = bus.Endpoint[ExecRequest, Empty]{Scope: bus.VMMAPI, Verb: "exec"}
+	Copy    = bus.Endpoint[CopyRequest, Empty]{Scope: bus.VMMAPI, Verb: "copy"}
+	Logs    = bus.Endpoint[LogsRequest, LogsResponse]{Scope: bus.VMMAPI, Verb: "logs"}
+	Images  = bus.Endpoint[Empty, []ImageInfo]{Scope: bus.VMMAPI, Verb: "images"}
+	Image   = bus.Endpoint[ImageRequest, ImageInfo]{Scope: bus.VMMAPI, Verb: "image"}
 )
+
+// Endpoints lists every endpoint of the contract (the bus tests check their permissions).
+var Endpoints = []bus.Route{
+	Start, Stop, Pause, Resume, Remove, Inspect, List, Exec, Copy, Logs, Images, Image,
+	SnapshotCreate, SnapshotRemove, SnapshotChildren, SnapshotList, Fork, VolumeList, VolumeRemove,
+}
 
 // Mount shares a host directory into the guest over virtio-9p.
 type Mount struct {
@@ -102,7 +108,7 @@ type VMInfo struct {
 	Failed   string    `json:"failed,omitempty"` // why the VM is gone or unhealthy
 }
 
-// Empty is the response of verbs that return nothing.
+// Empty is the request or response of endpoints that carry nothing.
 type Empty struct{}
 
 // Client calls the vmm of one host.
@@ -114,32 +120,30 @@ type Client struct {
 // NewClient returns a client for the vmm on host.
 func NewClient(nc *nats.Conn, host string) *Client { return &Client{nc: nc, host: host} }
 
-func (c *Client) subject(verb string) string { return bus.HostSubject(bus.VMMPrefix, c.host, verb) }
-
 func (c *Client) Start(ctx context.Context, r StartRequest) (StartResponse, error) {
-	return bus.Request[StartResponse](ctx, c.nc, c.subject(VerbStart), r)
+	return Start.Call(ctx, c.nc, c.host, r)
 }
 func (c *Client) Stop(ctx context.Context, id string, force bool) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbStop), IDRequest{ID: id, Force: force})
+	_, err := Stop.Call(ctx, c.nc, c.host, IDRequest{ID: id, Force: force})
 	return err
 }
 func (c *Client) Pause(ctx context.Context, id string) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbPause), IDRequest{ID: id})
+	_, err := Pause.Call(ctx, c.nc, c.host, IDRequest{ID: id})
 	return err
 }
 func (c *Client) Resume(ctx context.Context, id string) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbResume), IDRequest{ID: id})
+	_, err := Resume.Call(ctx, c.nc, c.host, IDRequest{ID: id})
 	return err
 }
 func (c *Client) Remove(ctx context.Context, id string) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbRemove), IDRequest{ID: id, Force: true})
+	_, err := Remove.Call(ctx, c.nc, c.host, IDRequest{ID: id, Force: true})
 	return err
 }
 func (c *Client) Inspect(ctx context.Context, id string) (VMInfo, error) {
-	return bus.Request[VMInfo](ctx, c.nc, c.subject(VerbInspect), IDRequest{ID: id})
+	return Inspect.Call(ctx, c.nc, c.host, IDRequest{ID: id})
 }
 func (c *Client) List(ctx context.Context) ([]VMInfo, error) {
-	return bus.Request[[]VMInfo](ctx, c.nc, c.subject(VerbList), Empty{})
+	return List.Call(ctx, c.nc, c.host, Empty{})
 }
 
 // ExecRequest starts a process in a sandbox; its I/O flows on stream session SID
@@ -197,15 +201,15 @@ type LogsResponse struct {
 }
 
 func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbExec), r)
+	_, err := Exec.Call(ctx, c.nc, c.host, r)
 	return err
 }
 func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
-	_, err := bus.Request[Empty](ctx, c.nc, c.subject(VerbCopy), r)
+	_, err := Copy.Call(ctx, c.nc, c.host, r)
 	return err
 }
 func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
-	return bus.Request[LogsResponse](ctx, c.nc, c.subject(VerbLogs), r)
+	return Logs.Call(ctx, c.nc, c.host, r)
 }
 
 // VMEvent is published on nexus.events.vmm.<id> when a VM ends without being asked to
@@ -242,8 +246,8 @@ type ImageProgress struct {
 }
 
 func (c *Client) Images(ctx context.Context) ([]ImageInfo, error) {
-	return bus.Request[[]ImageInfo](ctx, c.nc, c.subject(VerbImages), Empty{})
+	return Images.Call(ctx, c.nc, c.host, Empty{})
 }
 func (c *Client) Image(ctx context.Context, r ImageRequest) (ImageInfo, error) {
-	return bus.Request[ImageInfo](ctx, c.nc, c.subject(VerbImage), r)
+	return Image.Call(ctx, c.nc, c.host, r)
 }
