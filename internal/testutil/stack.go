@@ -98,6 +98,12 @@ func StartStack(extraEnv ...string) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
+	return StartStackOf(bin, extraEnv...)
+}
+
+// StartStackOf is StartStack with the nexus and nexus-agent binaries of dir (another build's,
+// for an upgrade test).
+func StartStackOf(bin string, extraEnv ...string) (*Stack, error) {
 	root, err := os.MkdirTemp("", "nexus-stack-")
 	if err != nil {
 		return nil, err
@@ -184,6 +190,19 @@ func (s *Stack) Log() string {
 func (s *Stack) Kill() {
 	s.cmd.Process.Kill()
 	<-s.done
+}
+
+// Shutdown stops `nexus up` the way an operator does (SIGTERM) and waits for it to exit; its
+// VMs keep running for the next `nexus up` to adopt.
+func (s *Stack) Shutdown() error {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		return nil
+	case <-time.After(30 * time.Second):
+		s.Kill()
+		return errors.New("nexus up did not exit within 30s of SIGTERM")
+	}
 }
 
 // Restart starts `nexus up` again on the same home.
