@@ -36,6 +36,7 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	reply := func(rcode int) {
 		m.Rcode = rcode
 		_ = w.WriteMsg(m)
+		n.dnsUDP.answered(w.RemoteAddr())
 		n.emit(ev)
 	}
 	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 || req.Response {

@@ -62,6 +62,7 @@ type network struct {
 	sw     *tap.Switch
 	stack  *stack.Stack
 	udpFwd *udp.Forwarder
+	dnsUDP *orderedConn
 	dnsSrv []*dns.Server
 	dhcp   *dhcp.Server
 
@@ -241,8 +242,9 @@ func (n *network) startDNS() error {
 		return fmt.Errorf("dns tcp listener: %w", err)
 	}
 	h := dns.HandlerFunc(n.serveDNS)
+	n.dnsUDP = newOrderedConn(uc)
 	n.dnsSrv = []*dns.Server{
-		{PacketConn: uc, Handler: h, UDPSize: 1232},
+		{PacketConn: n.dnsUDP, Handler: h, UDPSize: 1232},
 		{Listener: tl, Handler: h, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxTCPQueries: 64},
 	}
 	for _, srv := range n.dnsSrv {
