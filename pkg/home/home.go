@@ -44,6 +44,10 @@ func (d Dir) Volumes() string { return filepath.Join(string(d), "volumes") }
 // CA holds the MITM certificate authority.
 func (d Dir) CA() string { return filepath.Join(string(d), "ca") }
 
+// MITMSandboxes holds the mitm's sandbox records (pkg/records: one <sandbox id>.json each, token
+// and placeholder hashes only, never a secret).
+func (d Dir) MITMSandboxes() string { return filepath.Join(string(d), "mitm") }
+
 // Secrets holds the encrypted secret store and its key.
 func (d Dir) Secrets() string { return filepath.Join(string(d), "secrets") }
 

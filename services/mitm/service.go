@@ -2,7 +2,6 @@ package mitm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/records"
 	"github.com/IniZio/nexus/pkg/testknobs"
 )
 
@@ -35,24 +35,24 @@ type Config struct {
 }
 
 // Service runs the proxy and keeps its sandbox policies, which survive a restart: they are
-// stored (hashes only, never a secret) under $NEXUS_HOME/mitm.
+// records (hashes only, never a secret) in Home.MITMSandboxes(), one <sandbox id>.json each, as
+// every earlier build wrote them.
 type Service struct {
-	cfg Config
-	reg *Registry
-	dir string
+	cfg     Config
+	reg     *Registry
+	records *records.Store[mitmapi.SandboxPolicy]
 }
 
 // New prepares the service; Run starts it.
 func New(cfg Config) (*Service, error) {
-	return &Service{cfg: cfg, reg: NewRegistry(), dir: filepath.Join(string(cfg.Home), "mitm")}, nil
+	return &Service{cfg: cfg, reg: NewRegistry()}, nil
 }
 
 // Run listens, loads the stored policies, registers the endpoints and serves until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+	if err := s.restore(); err != nil {
 		return err
 	}
-	s.load()
 	pub, err := audit.NewSpooledPublisher(s.cfg.Bus, s.cfg.Log, s.cfg.Home.AuditSpool("mitm"))
 	if err != nil {
 		return err
@@ -87,8 +87,7 @@ func (s *Service) Run(ctx context.Context) error {
 				return mitmapi.RegisterResponse{Addr: addr}, s.register(r.Policy)
 			}),
 			mitmapi.Forget.Serve(svc, func(ctx context.Context, r mitmapi.ForgetRequest) (struct{}, error) {
-				s.reg.Forget(r.ID)
-				os.Remove(s.policyPath(r.ID))
+				s.forget(r.ID)
 				return struct{}{}, nil
 			}),
 			mitmapi.CACert.Serve(svc, func(ctx context.Context, _ struct{}) (mitmapi.CACertResponse, error) {
@@ -131,52 +130,62 @@ func (s *Service) listen() (net.Listener, error) {
 	return ln, os.Rename(tmp, addrFile)
 }
 
-func (s *Service) policyPath(id string) string { return filepath.Join(s.dir, id+".json") }
+// sandboxOf compiles a sandbox's policy as registered (or stored) into what the proxy knows.
+func sandboxOf(p mitmapi.SandboxPolicy) (*Sandbox, error) {
+	hp, err := requestPolicy(p)
+	if err != nil {
+		return nil, err
+	}
+	return NewSandbox(p, hp)
+}
 
 func (s *Service) register(p mitmapi.SandboxPolicy) error {
 	if strings.ContainsAny(p.ID, "/\\.") || p.ID == "" {
 		return errdefs.Invalid("mitm: bad sandbox id %q", p.ID)
 	}
-	hp, err := requestPolicy(p)
+	sb, err := sandboxOf(p)
 	if err != nil {
 		return err
 	}
-	sb, err := NewSandbox(p, hp)
-	if err != nil {
-		return err
-	}
-	b, _ := json.Marshal(p)
-	tmp := s.policyPath(p.ID) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, s.policyPath(p.ID)); err != nil {
+	if err := s.records.Put(p.ID, p); err != nil {
 		return err
 	}
 	s.reg.Put(sb)
 	return nil
 }
 
-// load restores the policies stored by an earlier run.
-func (s *Service) load() {
-	files, _ := filepath.Glob(filepath.Join(s.dir, "*.json"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var p mitmapi.SandboxPolicy
-		if json.Unmarshal(b, &p) != nil {
-			continue
-		}
-		hp, err := requestPolicy(p)
-		if err != nil {
-			continue
-		}
-		if sb, err := NewSandbox(p, hp); err == nil {
-			s.reg.Put(sb)
-		}
+func (s *Service) forget(id string) {
+	s.reg.Forget(id)
+	if err := s.records.Delete(id); err != nil && !errors.Is(err, errdefs.ErrInvalid) {
+		s.cfg.Log.Warn().Err(err).Str(logKeySandbox, id).Msg("sandbox record not removed")
 	}
+}
+
+// restore opens the sandbox records and registers every sandbox an earlier run stored. A
+// record that does not load or compile is skipped (logged and counted); the others are served.
+func (s *Service) restore() error {
+	st, err := records.Open[mitmapi.SandboxPolicy](s.cfg.Home.MITMSandboxes(), s.cfg.Log)
+	if err != nil {
+		return err
+	}
+	s.records = st
+	loaded, err := st.Load()
+	if err != nil {
+		return err
+	}
+	restored, skipped := 0, loaded.Skipped
+	for _, r := range loaded.Records {
+		sb, err := sandboxOf(r.Value)
+		if err != nil {
+			skipped++
+			s.cfg.Log.Warn().Err(err).Str(logKeySandbox, r.Key).Msg("stored sandbox policy skipped")
+			continue
+		}
+		s.reg.Put(sb)
+		restored++
+	}
+	s.cfg.Log.Info().Int("restored", restored).Int("skipped", skipped).Msg("sandbox policies loaded")
+	return nil
 }
 
 // resolve asks credbroker for the real value behind a placeholder.
