@@ -41,6 +41,10 @@ func (d Dir) Snapshots() string { return filepath.Join(string(d), "snapshots") }
 // Volumes holds named volume images.
 func (d Dir) Volumes() string { return filepath.Join(string(d), "volumes") }
 
+// Networks holds the netstack's network specs, one <sandbox id>.json each (0600: they hold the
+// sandbox's proxy token), so a restarted netstack brings its networks back.
+func (d Dir) Networks() string { return filepath.Join(string(d), "netstack") }
+
 // CA holds the MITM certificate authority.
 func (d Dir) CA() string { return filepath.Join(string(d), "ca") }
 

@@ -2,7 +2,6 @@ package netstack
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/records"
 	"github.com/IniZio/nexus/pkg/testknobs"
 )
 
@@ -72,25 +72,31 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer svc.Close()
-	store := specStore(filepath.Join(string(cfg.Home), "netstack"))
-	store.restore(ctx, svc, cfg.Log)
+	store, err := records.Open[netapi.Spec](cfg.Home.Networks(), cfg.Log)
+	if err != nil {
+		return err
+	}
+	restore(ctx, svc, store, cfg.Log)
 	info := bus.ServiceInfo{Name: "netstack", Version: cfg.Version, Host: cfg.Host, Description: "per-sandbox userspace network and L4 allowlist"}
 	return bus.Serve(ctx, cfg.Bus, info, cfg.Log, func(s *bus.Service) error {
 		for _, err := range []error{
 			netapi.Create.Serve(s, func(ctx context.Context, r netapi.CreateRequest) (netapi.Info, error) {
+				if err := records.CheckKey(r.SandboxID); err != nil {
+					return netapi.Info{}, err
+				}
 				if err := os.MkdirAll(filepath.Dir(r.SocketPath), 0o700); err != nil {
 					return netapi.Info{}, err
 				}
 				info, err := svc.CreateNetwork(ctx, r)
 				if err == nil {
-					err = store.save(r)
+					err = store.Put(r.SandboxID, r)
 				}
 				return info, err
 			}),
 			netapi.Update.Serve(s, func(ctx context.Context, r netapi.UpdateRequest) (netapi.Info, error) {
 				info, err := svc.UpdateNetwork(ctx, r.SandboxID, r.Policy)
 				if err == nil {
-					err = store.update(r.SandboxID, r.Policy)
+					err = store.Update(r.SandboxID, func(spec *netapi.Spec) error { spec.Policy = r.Policy; return nil })
 				}
 				return info, err
 			}),
@@ -99,7 +105,9 @@ func (s *Service) Run(ctx context.Context) error {
 				if errors.Is(err, errdefs.ErrNotFound) {
 					err = nil
 				}
-				store.remove(r.SandboxID)
+				if derr := store.Delete(r.SandboxID); derr != nil {
+					cfg.Log.Warn().Err(derr).Str("sandbox", r.SandboxID).Msg("network record not removed")
+				}
 				return struct{}{}, err
 			}),
 			netapi.Show.Serve(s, func(ctx context.Context, r netapi.ShowRequest) (netapi.Info, error) {
@@ -114,58 +122,25 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 }
 
-// specStore keeps each network's spec (0600: it holds the sandbox's proxy token) so that a
-// restarted netstack brings every network back; the guest is attached again as soon as the
-// netstack dials QEMU's socket.
-type specStore string
-
-func (d specStore) path(id string) string { return filepath.Join(string(d), id+".json") }
-
-func (d specStore) save(spec netapi.Spec) error {
-	if err := os.MkdirAll(string(d), 0o700); err != nil {
-		return err
-	}
-	b, err := json.Marshal(spec)
+// restore brings back the networks of an earlier run from their records (home.Networks: one
+// spec per sandbox, the files of earlier builds included); the guest is attached again as soon
+// as the netstack dials QEMU's socket. A record that cannot be read is skipped, logged and
+// counted by the store.
+func restore(ctx context.Context, svc *Manager, store *records.Store[netapi.Spec], log zerolog.Logger) {
+	loaded, err := store.Load()
 	if err != nil {
-		return err
+		log.Warn().Err(err).Msg("networks not restored")
+		return
 	}
-	tmp := d.path(spec.SandboxID) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, d.path(spec.SandboxID))
-}
-
-func (d specStore) update(id string, p netapi.Policy) error {
-	b, err := os.ReadFile(d.path(id))
-	if err != nil {
-		return err
-	}
-	var spec netapi.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		return err
-	}
-	spec.Policy = p
-	return d.save(spec)
-}
-
-func (d specStore) remove(id string) { os.Remove(d.path(id)) }
-
-func (d specStore) restore(ctx context.Context, svc *Manager, log zerolog.Logger) {
-	files, _ := filepath.Glob(filepath.Join(string(d), "*.json"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var spec netapi.Spec
-		if json.Unmarshal(b, &spec) != nil {
-			continue
-		}
+	for _, r := range loaded.Records {
+		spec := r.Value
 		if _, err := svc.CreateNetwork(ctx, spec); err != nil {
 			log.Warn().Err(err).Str("sandbox", spec.SandboxID).Msg("network not restored")
 			continue
 		}
 		log.Info().Str("sandbox", spec.SandboxID).Msg("network restored")
+	}
+	if loaded.Skipped > 0 {
+		log.Warn().Int("skipped", loaded.Skipped).Str("dir", store.Dir()).Msg("network records skipped")
 	}
 }
