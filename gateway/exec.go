@@ -1,7 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"strings"
+	"time"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
@@ -54,4 +58,45 @@ func (g *Service) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse
 	}
 	resp, err := g.vmm(sb.Host).Logs(ctx, vmmapi.LogsRequest{ID: sb.ID, Offset: r.Offset, Max: r.Max, Agent: r.Agent})
 	return api.LogsResponse{Data: resp.Data, NextOffset: resp.NextOffset}, err
+}
+
+// ranIn is how a command the gateway ran in a sandbox ended, with the first outputLimit bytes
+// of each stream.
+type ranIn struct {
+	exit           vmmapi.Exit
+	stdout, stderr headBuffer
+}
+
+// outputLimit bounds what runIn keeps of a stream: its commands print a line or two.
+const outputLimit = 64 << 10
+
+// headBuffer keeps the first outputLimit bytes written to it.
+type headBuffer struct{ bytes.Buffer }
+
+func (b *headBuffer) Write(p []byte) (int, error) {
+	b.Buffer.Write(p[:min(len(p), max(0, outputLimit-b.Len()))])
+	return len(p), nil
+}
+
+// runIn runs a command of the gateway's own in a running sandbox (stdin, when set, is written
+// to it and closed) and waits for it; the guest kills it after timeout.
+func (g *Service) runIn(ctx context.Context, req api.ExecRequest, stdin *string, timeout time.Duration) (*ranIn, error) {
+	req.Timeout, req.Stdin = timeout.String(), stdin != nil
+	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
+	defer cancel()
+	res := &ranIn{}
+	pipes := api.IO{Stdout: &res.stdout, Stderr: &res.stderr}
+	if stdin != nil {
+		pipes.Stdin = strings.NewReader(*stdin)
+	}
+	start := func(ctx context.Context, r api.ExecRequest) error { _, err := g.exec(ctx, r); return err }
+	exit, err := api.RunSession(ctx, g.cfg.Bus, req, start, pipes)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, errdefs.Unavailable("exec in %s: no exit status after %s: the sandbox stopped answering", req.Name, timeout)
+		}
+		return nil, fmt.Errorf("exec in %s: %w", req.Name, err)
+	}
+	res.exit = exit
+	return res, nil
 }

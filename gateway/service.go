@@ -46,6 +46,8 @@ type Service struct {
 	cfg Config
 	reg *Registry
 	log zerolog.Logger
+	// deleg holds the worktree delegations; nil without a home directory.
+	deleg *delegations
 }
 
 // New returns a gateway; Run binds it to the bus.
@@ -63,6 +65,11 @@ func (g *Service) Run(ctx context.Context) error {
 		return err
 	}
 	g.reg = reg
+	if g.cfg.Home != "" {
+		if g.deleg, err = openDelegations(g.cfg.Home, g.log); err != nil {
+			return err
+		}
+	}
 	sub, err := g.watchVMs(ctx)
 	if err != nil {
 		return err
@@ -118,6 +125,10 @@ func (g *Service) Run(ctx context.Context) error {
 			bus.Handle(s, "fork", sub(api.VerbFork), g.fork),
 			bus.Handle(s, "volume-list", sub(api.VerbVolumeList), g.volumeList),
 			bus.Handle(s, "volume-rm", sub(api.VerbVolumeRemove), g.volumeRemove),
+			api.DelegateCreate.Serve(s, g.delegateCreate),
+			api.DelegateDispatch.Serve(s, g.delegateDispatch),
+			api.DelegatePoll.Serve(s, g.delegatePoll),
+			api.DelegateTeardown.Serve(s, g.delegateTeardown),
 		}
 		for _, err := range errs {
 			if err != nil {

@@ -42,7 +42,6 @@ func mcpCommand() *cobra.Command {
 			}
 			g := &Global{Home: v.Home, Log: log, Settings: v}
 			srv, err := mcp.New(mcp.Config{
-				Home:    g.Home,
 				Version: version.Version,
 				Log:     log,
 				Dial: func(ctx context.Context) (*nats.Conn, error) {

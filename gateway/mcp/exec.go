@@ -206,7 +206,7 @@ func (s *Server) sandboxRun(ctx context.Context, req mcpgo.CallToolRequest) (res
 	if a.Name == "" {
 		a.Name = "run-" + randomHex(4)
 	}
-	name, err := fullName(a.Project, a.Name)
+	name, err := api.FullName(a.Project, a.Name)
 	if err != nil {
 		return nil, err
 	}

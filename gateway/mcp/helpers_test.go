@@ -68,28 +68,36 @@ func newStack(t *testing.T, withVMM bool) *stack {
 		_, err := st.gw.List(ctx, api.ListRequest{})
 		return err
 	})
-	st.srv, err = New(Config{Home: b.Home, Log: zerolog.Nop(), Version: "test", Dial: func(ctx context.Context) (*nats.Conn, error) {
+	st.srv, st.client = connectMCP(t, ctx, b)
+	return st
+}
+
+// connectMCP starts an MCP server of its own (one `nexus mcp` process) on bus b and a client
+// driving it.
+func connectMCP(t *testing.T, ctx context.Context, b *testutil.Bus) (*Server, *client.Client) {
+	t.Helper()
+	srv, err := New(Config{Log: zerolog.Nop(), Version: "test", Dial: func(ctx context.Context) (*nats.Conn, error) {
 		return bus.Connect(ctx, bus.ConnectConfig{Home: b.Home, User: bus.UserCLI, URL: b.URL})
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(st.srv.Close)
-	st.client, err = client.NewInProcessClient(st.srv.MCPServer())
+	t.Cleanup(srv.Close)
+	c, err := client.NewInProcessClient(srv.MCPServer())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.client.Start(ctx); err != nil {
+	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	init := mcpgo.InitializeRequest{}
 	init.Params.ProtocolVersion = mcpgo.LATEST_PROTOCOL_VERSION
 	init.Params.ClientInfo = mcpgo.Implementation{Name: "nexus-test", Version: "1"}
-	if _, err := st.client.Initialize(ctx, init); err != nil {
+	if _, err := c.Initialize(ctx, init); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.client.Close() })
-	return st
+	t.Cleanup(func() { c.Close() })
+	return srv, c
 }
 
 // call invokes a tool and returns its result; a transport failure fails the test.

@@ -193,7 +193,7 @@ func TestWorktreeCreateRollsBackWithoutVMM(t *testing.T) {
 func TestDelegationFlow(t *testing.T) {
 	st := newStack(t, true)
 	repo := newRepo(t)
-	var wt WorktreeResult
+	var wt api.WorktreeResult
 	st.ok(t, "delegate_worktree_create", map[string]any{"repo_path": repo, "name": "t1", "image": "nexus-mini"}, &wt)
 	if wt.Branch != "nexus/t1" || wt.Sandbox != "default/t1" || wt.Mount != wt.Worktree+":/workspace" {
 		t.Fatalf("result: %+v", wt)
@@ -201,7 +201,7 @@ func TestDelegationFlow(t *testing.T) {
 	if wt.Worktree != filepath.Join(string(st.bus.Home), "worktrees", "t1") {
 		t.Errorf("worktree at %s", wt.Worktree)
 	}
-	if wt.Record == nil || wt.Record.Labels[branchLabel] != "nexus/t1" || len(wt.Record.Mounts) == 0 ||
+	if wt.Record == nil || wt.Record.Labels[api.BranchLabel] != "nexus/t1" || len(wt.Record.Mounts) == 0 ||
 		wt.Record.Mounts[0].Host != wt.Worktree || wt.Record.Mounts[0].Guest != "/workspace" {
 		t.Errorf("record: %+v", wt.Record)
 	}
@@ -216,7 +216,7 @@ func TestDelegationFlow(t *testing.T) {
 	// A second delegation gets its own worktree, branch and mounts (the object store is the
 	// one thing delegations of one repository share).
 	gitDir := strings.TrimSpace(git(t, repo, "rev-parse", "--absolute-git-dir"))
-	var wt2 WorktreeResult
+	var wt2 api.WorktreeResult
 	st.ok(t, "delegate_worktree_create", map[string]any{"repo_path": repo, "name": "t2", "image": "nexus-mini"}, &wt2)
 	for _, m := range wt2.Record.Mounts {
 		for _, m1 := range wt.Record.Mounts {
@@ -230,7 +230,7 @@ func TestDelegationFlow(t *testing.T) {
 	// Dirty worktree: teardown without force lists the changed files.
 	os.WriteFile(filepath.Join(wt.Worktree, "README"), []byte("changed\n"), 0o644)
 	os.WriteFile(filepath.Join(wt.Worktree, "new.txt"), []byte("new\n"), 0o644)
-	var poll PollResult
+	var poll api.PollResult
 	st.ok(t, "delegate_agent_poll", map[string]any{"sandbox": "t1"}, &poll)
 	if poll.Branch != "nexus/t1" || !poll.Dirty || len(poll.Status) != 2 || len(poll.Log) != 1 || !strings.HasSuffix(poll.Log[0], " initial") {
 		t.Errorf("poll: %+v", poll)
@@ -277,10 +277,10 @@ func TestDelegationFlow(t *testing.T) {
 	if !strings.Contains(msg, "absolute") {
 		t.Errorf("relative command: %q", msg)
 	}
-	var disp DispatchResult
+	var disp api.DispatchResult
 	st.ok(t, "delegate_agent_dispatch", map[string]any{"sandbox": "t1", "brief": "fix the flaky test\n",
 		"command": []string{"/bin/sh", "-c", "cat > agent-got-brief.txt"}}, &disp)
-	if disp.PID <= 0 || disp.BriefPath != briefPath {
+	if disp.PID <= 0 || disp.BriefPath != api.BriefPath {
 		t.Errorf("dispatch: %+v", disp)
 	}
 	if b, _ := os.ReadFile(filepath.Join(run, "brief.md")); string(b) != "fix the flaky test\n" {
@@ -295,7 +295,7 @@ func TestDelegationFlow(t *testing.T) {
 	})
 
 	// Forced teardown removes the sandbox and the worktree, and keeps the branch.
-	var td TeardownResult
+	var td api.TeardownResult
 	st.ok(t, "delegate_teardown", map[string]any{"sandbox": "t1", "force": true}, &td)
 	if td.Head != commit || len(td.Discarded) != 3 {
 		t.Errorf("teardown: %+v", td)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
@@ -30,21 +29,6 @@ type createArgs struct {
 	Config       string            `json:"config"`
 }
 
-// fullName joins an optional project and a name ("p" + "n" → "p/n"). A name that already
-// names a project is taken as is when no project is given.
-func fullName(project, name string) (string, error) {
-	if name == "" {
-		return "", errdefs.Invalid("name is required")
-	}
-	if project != "" {
-		if strings.Contains(name, "/") {
-			return "", errdefs.Invalid("name %q already names a project; do not also pass project %q", name, project)
-		}
-		name = project + "/" + name
-	}
-	return api.ParseName(name)
-}
-
 // labelPairs validates labels the way `nexus create -l` does.
 func labelPairs(labels map[string]string) (map[string]string, error) {
 	if len(labels) == 0 {
@@ -63,7 +47,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	if err := bind(req, &a); err != nil {
 		return nil, err
 	}
-	name, err := fullName(a.Project, a.Name)
+	name, err := api.FullName(a.Project, a.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -24,13 +24,10 @@ import (
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/errdefs"
-	"github.com/IniZio/nexus/pkg/home"
 )
 
 // Config configures the MCP server.
 type Config struct {
-	// Home is $NEXUS_HOME: delegation worktrees live under it.
-	Home home.Dir
 	// Dial connects to the bus as user cli. It is called lazily, on the first tool call that
 	// needs the gateway, and again after a connection is lost, so `nexus mcp` starts (and
 	// lists its tools) even when the stack is not up yet.
@@ -50,18 +47,12 @@ type Server struct {
 	nc *nats.Conn
 	// onExit holds sandboxes created with remove_on_exit; Close removes them.
 	onExit map[string]bool
-
-	// delegMu serialises worktree creation and teardown (git takes repo-wide locks).
-	delegMu sync.Mutex
 }
 
 // New builds the server and registers every tool.
 func New(cfg Config) (*Server, error) {
 	if cfg.Dial == nil {
 		return nil, errors.New("mcp: Config.Dial is required")
-	}
-	if cfg.Home == "" {
-		return nil, errors.New("mcp: Config.Home is required")
 	}
 	if cfg.Version == "" {
 		cfg.Version = "dev"

@@ -2,6 +2,8 @@ package mcp
 
 import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 )
 
 // Tool names: the 13 of the spec (seed "AI Agents") plus the gaps it lists (logs, ports,
@@ -126,7 +128,7 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("extra hosts the sandbox may reach")),
 		), s.delegateWorktreeCreate},
 		{mcpgo.NewTool(ToolAgentDispatch,
-			mcpgo.WithDescription("Submit a brief to the in-guest agent of a delegation sandbox: the brief is written to "+briefPath+
+			mcpgo.WithDescription("Submit a brief to the in-guest agent of a delegation sandbox: the brief is written to "+api.BriefPath+
 				" and the profile's launch command is started detached, fed the brief on stdin. Returns once the brief is delivered, not when the work is done."),
 			nameProp("sandbox"),
 			mcpgo.WithString("brief", mcpgo.Required(), mcpgo.Description("the task, in prose")),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/IniZio/nexus/internal/testutil"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
@@ -35,6 +36,7 @@ var contracts = []contract{
 	{"mitm", mitmapi.Endpoints, bus.UserMITM, []string{bus.UserGateway}},
 	{"netstack", netapi.Endpoints, bus.UserNetstack, []string{bus.UserGateway}},
 	{"vmm", vmmapi.Endpoints, bus.UserVMM, []string{bus.UserGateway}},
+	{"gateway", gwapi.Endpoints, bus.UserGateway, []string{bus.UserCLI}},
 }
 
 // callersOf names the endpoints whose callers are not their contract's.

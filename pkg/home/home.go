@@ -60,6 +60,13 @@ func (d Dir) AuditSpool(service string) string {
 	return filepath.Join(string(d), "audit", service+".spool")
 }
 
+// Delegations holds the gateway's worktree delegations: one record <name>.json each, with the
+// delegation's working files (the guest's git view, its branch ref) in <name>/ beside it.
+func (d Dir) Delegations() string { return filepath.Join(string(d), "delegations") }
+
+// Worktrees holds the git worktrees of delegations, one <name>/ each, mounted into sandboxes.
+func (d Dir) Worktrees() string { return filepath.Join(string(d), "worktrees") }
+
 // Run holds pid and lock files of running nexus processes.
 func (d Dir) Run() string { return filepath.Join(string(d), "run") }
 

@@ -26,6 +26,10 @@ const (
 	VerbCopy   = "sandbox.copy"
 )
 
+// Endpoints lists the endpoints of the contract declared as bus.Endpoint values (the bus tests
+// check their permissions); the Verb* constants above are still served by name.
+var Endpoints = []bus.Route{DelegateCreate, DelegateDispatch, DelegatePoll, DelegateTeardown}
+
 // CreateRequest asks for a new sandbox; zero values take the defaults.
 type CreateRequest struct {
 	Name          string            `json:"name"`

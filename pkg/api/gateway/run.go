@@ -8,6 +8,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/stream"
 )
@@ -23,14 +25,20 @@ type IO struct {
 // Run executes req in its sandbox over a fresh stream session and returns how the command
 // ended. The error is about reaching the sandbox; the command's failure is in Exit.
 func (c *Client) Run(ctx context.Context, req ExecRequest, pipes IO) (vmmapi.Exit, error) {
+	return RunSession(ctx, c.nc, req, c.Exec, pipes)
+}
+
+// RunSession opens a stream session on nc, asks exec to start req on it and pumps pipes until
+// the command exits: Run over the gateway's API, or the gateway itself over the vmm's.
+func RunSession(ctx context.Context, nc *nats.Conn, req ExecRequest, exec func(context.Context, ExecRequest) error, pipes IO) (vmmapi.Exit, error) {
 	req.SID = stream.NewID()
-	sess, err := stream.Client(c.nc, req.SID)
+	sess, err := stream.Client(nc, req.SID)
 	if err != nil {
 		return vmmapi.Exit{}, err
 	}
 	defer sess.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = c.Exec(rctx, req)
+	err = exec(rctx, req)
 	cancel()
 	if err != nil {
 		return vmmapi.Exit{}, err

@@ -132,6 +132,21 @@ func ParseName(s string) (string, error) {
 	return project + "/" + name, nil
 }
 
+// FullName joins an optional project and a name ("p" + "n" → "p/n") and parses the result. A
+// name that already names a project is taken as is when no project is given.
+func FullName(project, name string) (string, error) {
+	if name == "" {
+		return "", errdefs.Invalid("name is required")
+	}
+	if project != "" {
+		if strings.Contains(name, "/") {
+			return "", errdefs.Invalid("name %q already names a project; do not also pass project %q", name, project)
+		}
+		name = project + "/" + name
+	}
+	return ParseName(name)
+}
+
 // Selector is a parsed label selector: k=v, k!=v and k (present), comma-separated, all must hold.
 type Selector []term
 

@@ -1,4 +1,4 @@
-package mcp
+package worktree
 
 import (
 	"bytes"
@@ -16,10 +16,10 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
-// Host-side git. A delegation's worktree, its index and its branch ref are written by an
-// untrusted guest, so every git command the host runs on them reads its configuration only from
-// the host repository, never from a guest-writable git dir (a planted core.fsmonitor or filter
-// would run on the host), and never runs hooks.
+// Host git. A delegation's worktree, its index and its branch ref are written by an untrusted
+// guest, so every git command the host runs on them reads its configuration only from the host
+// repository, never from a guest-writable git dir (a planted core.fsmonitor or filter would run
+// on the host), and never runs hooks.
 
 // gitTimeout bounds one host git command.
 const gitTimeout = time.Minute
@@ -70,36 +70,36 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// repoInfo is what delegation needs of a host repository.
-type repoInfo struct {
+// Repo is what delegation needs of a host repository.
+type Repo struct {
 	Top       string // the main worktree
 	CommonDir string // its git dir (.git)
 }
 
-// inspectRepo checks that path is a git repository with a work tree.
-func inspectRepo(ctx context.Context, path string) (repoInfo, error) {
+// Inspect checks that path is a git repository with a work tree.
+func Inspect(ctx context.Context, path string) (Repo, error) {
 	if !filepath.IsAbs(path) {
-		return repoInfo{}, errdefs.Invalid("repo_path %q must be an absolute path", path)
+		return Repo{}, errdefs.Invalid("repo_path %q must be an absolute path", path)
 	}
 	fi, err := os.Stat(path)
 	if err != nil || !fi.IsDir() {
-		return repoInfo{}, errdefs.Invalid("repo_path %s is not a directory", path)
+		return Repo{}, errdefs.Invalid("repo_path %s is not a directory", path)
 	}
 	out, err := runGit(ctx, nil, "-C", path, "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir")
 	if err != nil {
-		return repoInfo{}, errdefs.Invalid("repo_path %s is not a git repository with a work tree", path)
+		return Repo{}, errdefs.Invalid("repo_path %s is not a git repository with a work tree", path)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 {
-		return repoInfo{}, errdefs.Invalid("repo_path %s is not a git repository with a work tree", path)
+		return Repo{}, errdefs.Invalid("repo_path %s is not a git repository with a work tree", path)
 	}
-	r := repoInfo{Top: lines[0], CommonDir: lines[1]}
+	r := Repo{Top: lines[0], CommonDir: lines[1]}
 	if v, _ := runGit(ctx, nil, "--git-dir="+r.CommonDir, "config", "--get", "extensions.refstorage"); strings.TrimSpace(v) != "" && strings.TrimSpace(v) != "files" {
-		return repoInfo{}, errdefs.Invalid("repo_path %s uses the %s ref storage; delegation needs the files backend", path, strings.TrimSpace(v))
+		return Repo{}, errdefs.Invalid("repo_path %s uses the %s ref storage; delegation needs the files backend", path, strings.TrimSpace(v))
 	}
 	for _, p := range []string{r.Top, r.CommonDir} {
 		if strings.ContainsAny(p, ":\n") {
-			return repoInfo{}, errdefs.Invalid("repo_path %s: a path with ':' cannot be mounted into a sandbox", path)
+			return Repo{}, errdefs.Invalid("repo_path %s: a path with ':' cannot be mounted into a sandbox", path)
 		}
 	}
 	return r, nil
@@ -124,5 +124,5 @@ func readSmall(path string, max int64) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// errNoCommit means the guest's branch ref does not name a commit the host has.
-var errNoCommit = errors.New("the guest's branch ref does not name a commit")
+// ErrNoCommit means the guest's branch ref does not name a commit the host has.
+var ErrNoCommit = errors.New("the guest's branch ref does not name a commit")
