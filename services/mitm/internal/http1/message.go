@@ -113,25 +113,18 @@ func (r *Request) Read(br *bufio.Reader, limit int) error {
 	return nil
 }
 
+// methods are the methods whose names a request gets without an allocation.
+var methods = [...]string{
+	http.MethodGet, http.MethodPost, http.MethodHead, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions, http.MethodConnect,
+}
+
 // methodString is the method as a string, without allocating for the common ones.
 func methodString(b []byte) string {
-	switch string(b) {
-	case http.MethodGet:
-		return http.MethodGet
-	case http.MethodPost:
-		return http.MethodPost
-	case http.MethodHead:
-		return http.MethodHead
-	case http.MethodPut:
-		return http.MethodPut
-	case http.MethodPatch:
-		return http.MethodPatch
-	case http.MethodDelete:
-		return http.MethodDelete
-	case http.MethodOptions:
-		return http.MethodOptions
-	case http.MethodConnect:
-		return http.MethodConnect
+	for _, m := range methods {
+		if string(b) == m {
+			return m
+		}
 	}
 	return string(b)
 }
