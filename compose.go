@@ -63,11 +63,11 @@ func components() []component {
 		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: func(ctx context.Context, env runEnv) error {
 			logrus.SetOutput(io.Discard) // gvisor-tap-vsock's switch logs through logrus's global logger
 			return run(ctx, netstack.New, netstack.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				UpstreamDNS: env.set.UpstreamDNS})
+				UpstreamDNS: env.set.UpstreamDNS, Resolve: env.set.Resolve})
 		}},
 		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: func(ctx context.Context, env runEnv) error {
 			return run(ctx, mitm.New, mitm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				Addr: env.set.MITMAddr})
+				Addr: env.set.MITMAddr, Resolve: env.set.Resolve, ExtraRoots: env.set.ExtraRoots})
 		}},
 		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: func(ctx context.Context, env runEnv) error {
 			return run(ctx, credbroker.New, credbroker.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,

@@ -37,8 +37,8 @@ pids+=($!)
 
 say "starting the stack: nexus up (log in $NEXUS_HOME/up.log)"
 for _ in $(seq 1 50); do [ -s "$NEXUS_HOME/upstream-ca.pem" ] && break; sleep 0.1; done
-NEXUS_RESOLVE="api.github.com=127.0.0.1:18443,example.test=127.0.0.1:18080,evil.example=127.0.0.1:18443" \
-	NEXUS_EXTRA_CA="$NEXUS_HOME/upstream-ca.pem" "$NEXUS" up >"$NEXUS_HOME/up.log" 2>&1 &
+"$NEXUS" up --resolve api.github.com=127.0.0.1:18443,example.test=127.0.0.1:18080,evil.example=127.0.0.1:18443 \
+	--extra-ca "$NEXUS_HOME/upstream-ca.pem" >"$NEXUS_HOME/up.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 150); do
 	"$NEXUS" status >/dev/null 2>&1 && break

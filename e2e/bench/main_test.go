@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 	testutil.Main(m, &stack,
 		testutil.Setup(func(f *testutil.Fixture) error {
 			resolve, err := startNetServer()
-			f.Env(resolve)
+			f.Flags(resolve)
 			return err
 		}),
 		testutil.Started(func(s *testutil.Stack) error {

@@ -27,7 +27,7 @@ import (
 )
 
 const (
-	netHost      = "bench.test" // the netstack resolves it to the HTTP server below (NEXUS_RESOLVE)
+	netHost      = "bench.test" // the netstack resolves it to the HTTP server below (--resolve)
 	netBlob      = 64 << 20     // bytes per download
 	netRequests  = 50           // tiny requests, each on a new connection, per iteration
 	netDownloads = 3            // blob downloads per iteration
@@ -38,7 +38,7 @@ const (
 var netPort int
 
 // startNetServer serves /tiny (2 bytes) and /blob (64 MiB) on the host's loopback for the life
-// of the process and returns the NEXUS_RESOLVE setting mapping bench.test to it. TestMain passes
+// of the process and returns the --resolve flag mapping bench.test to it. TestMain passes
 // it to the stack; no other benchmark uses that name.
 func startNetServer() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -54,7 +54,7 @@ func startNetServer() (string, error) {
 		w.Write(blob)
 	})
 	go http.Serve(l, mux)
-	return "NEXUS_RESOLVE=" + netHost + "=" + l.Addr().String(), nil
+	return "--resolve=" + netHost + "=" + l.Addr().String(), nil
 }
 
 // shell runs a script in a guest and returns its stdout.

@@ -1,6 +1,6 @@
 // Package egress_test proves the egress perimeter end to end on real guests: a whole nexus stack
 // (`nexus up` in a temp home) whose netstack and mitm reach fake upstreams on loopback
-// (NEXUS_RESOLVE) that serve TLS from a test CA the mitm trusts (NEXUS_EXTRA_CA). Guests run
+// (--resolve) that serve TLS from a test CA the mitm trusts (--extra-ca). Guests run
 // curl, nc, nslookup and ping; the upstreams record what reached them.
 package egress_test
 
@@ -81,7 +81,7 @@ func setup(f *testutil.Fixture) error {
 		return err
 	}
 	f.Cleanup(udpSeen.close)
-	f.Env("NEXUS_RESOLVE="+strings.Join(resolve, ","), "NEXUS_EXTRA_CA="+caFile)
+	f.Flags("--resolve="+strings.Join(resolve, ","), "--extra-ca="+caFile)
 	return nil
 }
 

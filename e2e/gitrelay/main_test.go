@@ -54,9 +54,9 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return fmt.Errorf("e2e/gitrelay: ssh server: %w", err)
 		}
-		f.Env("SSH_AUTH_SOCK="+srv.agentSck,
-			"NEXUS_GITRELAY_SSH_OPTS="+strings.Join(srv.sshOpts, " "),
-			fmt.Sprintf("NEXUS_GITRELAY_HOSTS=github.com=%s@127.0.0.1:%d", srv.user, srv.port))
+		f.Env("SSH_AUTH_SOCK=" + srv.agentSck)
+		f.Flags("--gitrelay-ssh-opts="+strings.Join(srv.sshOpts, " "),
+			fmt.Sprintf("--gitrelay-hosts=github.com=%s@127.0.0.1:%d", srv.user, srv.port))
 		return nil
 	}))
 }

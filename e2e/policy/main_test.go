@@ -1,6 +1,6 @@
 // Package policy_test proves the request policies of issue 6 end to end on real guests: a whole
-// nexus stack whose mitm reaches a fake github.com and api.github.com on loopback (NEXUS_RESOLVE,
-// TLS from a test CA in NEXUS_EXTRA_CA). The fake github.com serves real bare repositories
+// nexus stack whose mitm reaches a fake github.com and api.github.com on loopback (--resolve,
+// TLS from a test CA given with --extra-ca). The fake github.com serves real bare repositories
 // through `git http-backend`; guests run the real git and curl of nexus-base.
 package policy_test
 
@@ -61,7 +61,7 @@ func setup(f *testutil.Fixture) error {
 		return err
 	}
 	f.Cleanup(api.close)
-	f.Env("NEXUS_RESOLVE="+gh.srv.Resolve()+","+api.srv.Resolve(), "NEXUS_EXTRA_CA="+caFile)
+	f.Flags("--resolve="+gh.srv.Resolve()+","+api.srv.Resolve(), "--extra-ca="+caFile)
 	return nil
 }
 

@@ -83,6 +83,7 @@ type Stack struct {
 	Bin     string // the nexus binary
 	Env     []string
 	URL     string
+	upArgs  []string // flags of `nexus up` besides the log level
 	cmd     *exec.Cmd
 	log     *bytes.Buffer
 	logFile *os.File
@@ -91,19 +92,20 @@ type Stack struct {
 	Started time.Time
 }
 
-// StartStack starts `nexus up` on a free port with extra environment (K=V) and waits for
-// every service to answer.
-func StartStack(extraEnv ...string) (*Stack, error) {
+// StartStack starts `nexus up` on a free port and waits for every service to answer. Each
+// extra item is either a flag of `nexus up` ("--resolve=host=addr", "--extra-ca=file") or an
+// environment entry (K=V) of the stack and of the commands run against it.
+func StartStack(extra ...string) (*Stack, error) {
 	bin, err := Binaries()
 	if err != nil {
 		return nil, err
 	}
-	return StartStackOf(bin, extraEnv...)
+	return StartStackOf(bin, extra...)
 }
 
 // StartStackOf is StartStack with the nexus and nexus-agent binaries of dir (another build's,
 // for an upgrade test).
-func StartStackOf(bin string, extraEnv ...string) (*Stack, error) {
+func StartStackOf(bin string, extra ...string) (*Stack, error) {
 	root, err := os.MkdirTemp("", "nexus-stack-")
 	if err != nil {
 		return nil, err
@@ -124,7 +126,13 @@ func StartStackOf(bin string, extraEnv ...string) (*Stack, error) {
 		env = append(env, kv)
 	}
 	s.Env = append(env, "HOME="+hh, "NEXUS_HOME="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), "NEXUS_CACHE="+CacheDir())
-	s.Env = append(s.Env, extraEnv...)
+	for _, e := range extra {
+		if strings.HasPrefix(e, "-") {
+			s.upArgs = append(s.upArgs, e)
+		} else {
+			s.Env = append(s.Env, e)
+		}
+	}
 	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", port)
 	if err := s.start(); err != nil {
 		return nil, err
@@ -140,7 +148,7 @@ func (s *Stack) start() error {
 			s.logFile, _ = os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		}
 	}
-	s.cmd = exec.Command(s.Bin, "up", "--log-level", "debug")
+	s.cmd = exec.Command(s.Bin, append([]string{"up", "--log-level", "debug"}, s.upArgs...)...)
 	s.cmd.Env = s.Env
 	s.cmd.Stdout, s.cmd.Stderr = (*lockedWriter)(s), (*lockedWriter)(s)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -318,11 +326,15 @@ func BusPort() (int, error) {
 type Fixture struct {
 	Dir      string
 	env      []string
+	flags    []string
 	cleanups []func()
 }
 
-// Env adds K=V settings to the stack's environment.
+// Env adds K=V entries to the stack's environment.
 func (f *Fixture) Env(kv ...string) { f.env = append(f.env, kv...) }
+
+// Flags adds flags of `nexus up` ("--resolve=host=addr", "--extra-ca=file").
+func (f *Fixture) Flags(args ...string) { f.flags = append(f.flags, args...) }
 
 // Cleanup registers fn to run after the stack has stopped, last registered first.
 func (f *Fixture) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
@@ -341,9 +353,14 @@ func Setup(f func(*Fixture) error) Option {
 	return func(s *suite) { s.setup = append(s.setup, f) }
 }
 
-// Env starts the stack with extra K=V settings.
+// Env starts the stack with extra K=V environment entries.
 func Env(kv ...string) Option {
 	return Setup(func(f *Fixture) error { f.Env(kv...); return nil })
+}
+
+// Flags starts the stack with extra flags of `nexus up`.
+func Flags(args ...string) Option {
+	return Setup(func(f *Fixture) error { f.Flags(args...); return nil })
 }
 
 // Started runs f once the stack answers, before the tests (e.g. to store a secret).
@@ -396,7 +413,7 @@ func (cfg *suite) run(m *testing.M, s **Stack) int {
 			return 1
 		}
 	}
-	st, err := StartStack(f.env...)
+	st, err := StartStack(append(f.env, f.flags...)...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

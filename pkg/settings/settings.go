@@ -169,6 +169,20 @@ var Table = []Setting{
 	{Flag: "gitrelay-hosts", Env: "NEXUS_GITRELAY_HOSTS", Arg: "aliases", Scope: Stack,
 		Help: "git host aliases, comma-separated name=[user@]host[:port]: where the relay's ssh really goes for a host the guest names",
 		set:  func(v *Values, s string) error { v.GitrelayHosts = s; return nil }},
+	{Flag: "resolve", Env: "NEXUS_RESOLVE", Arg: "host=addr", Scope: Stack, Multi: true,
+		Help: "test/offline aid: connect to addr for host, like curl --resolve (the netstack's DNS and the mitm's dialer); repeatable or comma-separated",
+		set: func(v *Values, s string) error {
+			m, err := parseResolve(s)
+			v.Resolve = m
+			return err
+		}},
+	{Flag: "extra-ca", Env: "NEXUS_EXTRA_CA", Arg: "file", Scope: Stack,
+		Help: "test/offline aid: PEM file of extra roots the mitm trusts for upstream TLS",
+		set: func(v *Values, s string) error {
+			roots, err := readRoots(s)
+			v.ExtraCA, v.ExtraRoots = s, roots
+			return err
+		}},
 }
 
 // AddFlags declares the settings of scope on fs. Their defaults are listed in the usage text,

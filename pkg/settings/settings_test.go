@@ -1,7 +1,11 @@
 package settings
 
 import (
+	"encoding/pem"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -161,5 +165,52 @@ func TestInvalidNamesTheSetting(t *testing.T) {
 	err := Invalid("gitrelay-hosts", errors.New("gitrelay: host alias \"x\": bad host"))
 	if !errors.Is(err, errdefs.ErrInvalid) || err.Error() != `--gitrelay-hosts (or $NEXUS_GITRELAY_HOSTS): gitrelay: host alias "x": bad host` {
 		t.Errorf("Invalid = %v", err)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("NEXUS_RESOLVE", "env.example=127.0.0.1:1")
+	v, err := load(t, "--resolve", "API.github.com=127.0.0.1:4443,github.com=127.0.0.1:4444", "--resolve=x.test=10.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"api.github.com": "127.0.0.1:4443", "github.com": "127.0.0.1:4444", "x.test": "10.0.0.1"}
+	if len(v.Resolve) != len(want) {
+		t.Errorf("--resolve twice = %v, want %v (the flags replace $NEXUS_RESOLVE)", v.Resolve, want)
+	}
+	for h, a := range want {
+		if v.Resolve[h] != a {
+			t.Errorf("resolve[%s] = %q, want %q", h, v.Resolve[h], a)
+		}
+	}
+	v, err = load(t)
+	if err != nil || v.Resolve["env.example"] != "127.0.0.1:1" {
+		t.Errorf("NEXUS_RESOLVE: %v, %v", v.Resolve, err)
+	}
+	if _, err := load(t, "--resolve", "nohost"); err == nil || !strings.HasPrefix(err.Error(), "--resolve (or $NEXUS_RESOLVE): ") {
+		t.Errorf("--resolve nohost: %v", err)
+	}
+}
+
+func TestExtraCA(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	srv.Close()
+	good := filepath.Join(dir, "ca.pem")
+	os.WriteFile(good, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+	empty := filepath.Join(dir, "empty.pem")
+	os.WriteFile(empty, []byte("not pem\n"), 0o600)
+
+	t.Setenv("NEXUS_EXTRA_CA", good)
+	v, err := load(t)
+	if err != nil || len(v.ExtraRoots) != 1 || !v.ExtraRoots[0].Equal(srv.Certificate()) {
+		t.Fatalf("NEXUS_EXTRA_CA: %d roots, %v", len(v.ExtraRoots), err)
+	}
+	for _, bad := range []string{empty, filepath.Join(dir, "missing.pem")} {
+		if _, err := load(t, "--extra-ca", bad); !errors.Is(err, errdefs.ErrInvalid) || !strings.HasPrefix(err.Error(), "--extra-ca (or $NEXUS_EXTRA_CA): ") {
+			t.Errorf("--extra-ca %s: %v", bad, err)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package mitm
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -19,7 +20,6 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/records"
-	"github.com/IniZio/nexus/pkg/testknobs"
 )
 
 // Config configures the mitm service on the bus.
@@ -32,6 +32,11 @@ type Config struct {
 	// Addr is where CONNECTs are accepted; default the address used last time, else a free
 	// loopback port. It is written to $NEXUS_HOME/run/mitm.addr for the netstack.
 	Addr string
+	// Resolve maps a host name (or "host:port") to the address dialled instead, like curl
+	// --resolve; ExtraRoots are trusted for upstream TLS besides the system roots. Both are test
+	// and offline aids (--resolve, --extra-ca); production leaves them empty.
+	Resolve    map[string]string
+	ExtraRoots []*x509.Certificate
 }
 
 // Service runs the proxy and keeps its sandbox policies, which survive a restart: they are
@@ -58,17 +63,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer pub.Close(context.Background())
-	overrides, err := testknobs.Resolve()
-	if err != nil {
-		return errdefs.Invalid("%v", err)
-	}
-	roots, err := testknobs.ExtraRoots()
-	if err != nil {
-		return errdefs.Invalid("%v", err)
-	}
 	proxy, err := newProxy(proxyConfig{
 		CADir: s.cfg.Home.CA(), Sandboxes: s.reg, Resolver: ResolverFunc(s.resolve), Audit: pub, Logger: s.cfg.Log,
-		ExtraRootCAs: roots, ResolverOverrides: overrides,
+		ExtraRootCAs: s.cfg.ExtraRoots, ResolverOverrides: s.cfg.Resolve,
 	})
 	if err != nil {
 		return err

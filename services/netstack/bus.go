@@ -17,7 +17,6 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/records"
-	"github.com/IniZio/nexus/pkg/testknobs"
 )
 
 // Config configures the netstack service on the bus.
@@ -30,6 +29,9 @@ type Config struct {
 	// UpstreamDNS is the resolver (ip:port) allowed names are resolved with; default the first
 	// nameserver of /etc/resolv.conf.
 	UpstreamDNS string
+	// Resolve maps a host name to "ip[:port]", like curl --resolve (--resolve: a test and
+	// offline aid, see ManagerConfig.ResolverOverrides). Production leaves it empty.
+	Resolve map[string]string
 }
 
 // Service runs the netstack on the bus: audit events go to JetStream, shimmed connections to
@@ -52,13 +54,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer pub.Close(context.Background())
-	overrides, err := testknobs.Resolve()
-	if err != nil {
-		return errdefs.Invalid("%v", err)
-	}
 	addrFile := filepath.Join(cfg.Home.Run(), mitmapi.AddrFile)
 	svc, err := NewManager(ManagerConfig{
-		Logger: cfg.Log, Audit: pub, ResolverOverrides: overrides,
+		Logger: cfg.Log, Audit: pub, ResolverOverrides: cfg.Resolve,
 		UpstreamDNS: cfg.UpstreamDNS,
 		MITMAddrFunc: func() (string, error) {
 			b, err := os.ReadFile(addrFile)
