@@ -3,10 +3,11 @@ package gateway
 import (
 	"context"
 
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 )
 
-func (g *Service) images(ctx context.Context, _ vmmapi.Empty) ([]vmmapi.ImageInfo, error) {
+func (g *Service) images(ctx context.Context, _ api.Empty) ([]vmmapi.ImageInfo, error) {
 	return g.vmm(g.cfg.Host).Images(ctx)
 }
 

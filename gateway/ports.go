@@ -7,12 +7,9 @@ import (
 	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
 )
 
-// verbPorts is nexus.gateway.sandbox.ports: the port forwards of one sandbox, or of all.
-const verbPorts = portfwdapi.VerbGatewayPorts
-
 // ports asks the port forwarder of the sandbox's host for its forwards and conflicts; without
 // a name, those of every sandbox on this gateway's host.
-func (g *Service) ports(ctx context.Context, r portfwdapi.PortsRequest) ([]portfwdapi.Forward, error) {
+func (g *Service) ports(ctx context.Context, r api.PortsRequest) ([]portfwdapi.Forward, error) {
 	host, req := g.cfg.Host, portfwdapi.ListRequest{}
 	if r.Name != "" {
 		name, err := api.ParseName(r.Name)

@@ -12,19 +12,19 @@ import (
 
 var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,63}$`)
 
-func (g *Service) secretSet(ctx context.Context, r credapi.SecretSetRequest) (struct{}, error) {
+func (g *Service) secretSet(ctx context.Context, r credapi.SecretSetRequest) (api.Empty, error) {
 	if !secretNameRE.MatchString(r.Name) {
-		return struct{}{}, errdefs.Invalid("invalid secret name %q: use letters, digits, '_', '.', '-' (at most 64)", r.Name)
+		return api.Empty{}, errdefs.Invalid("invalid secret name %q: use letters, digits, '_', '.', '-' (at most 64)", r.Name)
 	}
-	return struct{}{}, g.cred().SecretSet(ctx, r)
+	return api.Empty{}, g.cred().SecretSet(ctx, r)
 }
 
-func (g *Service) secretList(ctx context.Context, _ struct{}) (credapi.SecretListResponse, error) {
+func (g *Service) secretList(ctx context.Context, _ api.Empty) (credapi.SecretListResponse, error) {
 	return g.cred().SecretList(ctx)
 }
 
-func (g *Service) secretRemove(ctx context.Context, r credapi.SecretRemoveRequest) (struct{}, error) {
-	return struct{}{}, g.cred().SecretRemove(ctx, r.Name)
+func (g *Service) secretRemove(ctx context.Context, r credapi.SecretRemoveRequest) (api.Empty, error) {
+	return api.Empty{}, g.cred().SecretRemove(ctx, r.Name)
 }
 
 func (g *Service) egressShow(ctx context.Context, r api.NameRequest) (api.EgressView, error) {

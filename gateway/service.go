@@ -92,39 +92,38 @@ func (g *Service) Run(ctx context.Context) error {
 	}()
 	info := bus.ServiceInfo{Name: "gateway", Version: g.cfg.Version, Host: g.cfg.Host, Description: "sandbox registry and orchestration"}
 	return bus.Serve(ctx, g.cfg.Bus, info, g.log, func(s *bus.Service) error {
-		sub := func(verb string) string { return bus.Subject(bus.GatewayPrefix, verb) }
 		errs := []error{
-			bus.Handle(s, "create", sub(api.VerbCreate), g.create),
-			bus.Handle(s, "get", sub(api.VerbGet), func(ctx context.Context, r api.NameRequest) (*api.Sandbox, error) {
+			api.Create.Serve(s, g.create),
+			api.Get.Serve(s, func(ctx context.Context, r api.NameRequest) (*api.Sandbox, error) {
 				name, err := api.ParseName(r.Name)
 				if err != nil {
 					return nil, err
 				}
 				return g.reg.Get(ctx, name)
 			}),
-			bus.Handle(s, "list", sub(api.VerbList), g.list),
-			bus.Handle(s, "start", sub(api.VerbStart), g.apply(g.start)),
-			bus.Handle(s, "stop", sub(api.VerbStop), g.apply(g.stop)),
-			bus.Handle(s, "pause", sub(api.VerbPause), g.apply(g.pause)),
-			bus.Handle(s, "resume", sub(api.VerbResume), g.apply(g.resume)),
-			bus.Handle(s, "remove", sub(api.VerbRemove), g.apply(g.remove)),
-			bus.Handle(s, "exec", sub(api.VerbExec), g.exec),
-			bus.Handle(s, "copy", sub(api.VerbCopy), g.copy),
-			bus.Handle(s, "logs", sub(api.VerbLogs), g.logs),
-			bus.Handle(s, "images", sub(api.VerbImages), g.images),
-			bus.Handle(s, "secret-set", sub(api.VerbSecretSet), g.secretSet),
-			bus.Handle(s, "secret-list", sub(api.VerbSecretList), g.secretList),
-			bus.Handle(s, "secret-rm", sub(api.VerbSecretRemove), g.secretRemove),
-			bus.Handle(s, "egress-show", sub(api.VerbEgressShow), g.egressShow),
-			bus.Handle(s, "egress-explain", sub(api.VerbEgressExplain), g.egressExplain),
-			bus.Handle(s, "image", sub(api.VerbImage), g.image),
-			bus.Handle(s, "ports", sub(verbPorts), g.ports),
-			bus.Handle(s, "snapshot-create", sub(api.VerbSnapshotCreate), g.snapshotCreate),
-			bus.Handle(s, "snapshot-list", sub(api.VerbSnapshotList), g.snapshotList),
-			bus.Handle(s, "snapshot-rm", sub(api.VerbSnapshotRemove), g.snapshotRemove),
-			bus.Handle(s, "fork", sub(api.VerbFork), g.fork),
-			bus.Handle(s, "volume-list", sub(api.VerbVolumeList), g.volumeList),
-			bus.Handle(s, "volume-rm", sub(api.VerbVolumeRemove), g.volumeRemove),
+			api.List.Serve(s, g.list),
+			api.Start.Serve(s, g.apply(g.start)),
+			api.Stop.Serve(s, g.apply(g.stop)),
+			api.Pause.Serve(s, g.apply(g.pause)),
+			api.Resume.Serve(s, g.apply(g.resume)),
+			api.Remove.Serve(s, g.apply(g.remove)),
+			api.Exec.Serve(s, g.exec),
+			api.Copy.Serve(s, g.copy),
+			api.Logs.Serve(s, g.logs),
+			api.Images.Serve(s, g.images),
+			api.SecretSet.Serve(s, g.secretSet),
+			api.SecretList.Serve(s, g.secretList),
+			api.SecretRemove.Serve(s, g.secretRemove),
+			api.EgressShow.Serve(s, g.egressShow),
+			api.EgressExplain.Serve(s, g.egressExplain),
+			api.Image.Serve(s, g.image),
+			api.Ports.Serve(s, g.ports),
+			api.SnapshotCreate.Serve(s, g.snapshotCreate),
+			api.SnapshotList.Serve(s, g.snapshotList),
+			api.SnapshotRemove.Serve(s, g.snapshotRemove),
+			api.Fork.Serve(s, g.fork),
+			api.VolumeList.Serve(s, g.volumeList),
+			api.VolumeRemove.Serve(s, g.volumeRemove),
 			api.DelegateCreate.Serve(s, g.delegateCreate),
 			api.DelegateDispatch.Serve(s, g.delegateDispatch),
 			api.DelegatePoll.Serve(s, g.delegatePoll),

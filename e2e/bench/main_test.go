@@ -51,7 +51,7 @@ func sandbox(b *testing.B, name string) {
 func remove(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	client.Apply(ctx, api.VerbRemove, api.NamesRequest{Names: []string{name}, Force: true})
+	client.Apply(ctx, api.Remove, api.NamesRequest{Names: []string{name}, Force: true})
 }
 
 func exec(ctx context.Context, name string, argv ...string) error {

@@ -206,18 +206,18 @@ func BenchmarkForkMemory(b *testing.B) {
 func BenchmarkPauseResume(b *testing.B) {
 	sandbox(b, "bench/pause")
 	ctx := context.Background()
-	apply := func(verb string) time.Duration {
+	apply := func(verb api.Lifecycle) time.Duration {
 		t0 := time.Now()
 		res, err := client.Apply(ctx, verb, api.NamesRequest{Names: []string{"bench/pause"}})
 		if err != nil || len(res) != 1 || res[0].Error != "" {
-			b.Fatalf("%s: %v %+v", verb, err, res)
+			b.Fatalf("%s: %v %+v", verb.Verb, err, res)
 		}
 		return time.Since(t0)
 	}
 	var pause, resume []time.Duration
 	for b.Loop() {
-		pause = append(pause, apply(api.VerbPause))
-		resume = append(resume, apply(api.VerbResume))
+		pause = append(pause, apply(api.Pause))
+		resume = append(resume, apply(api.Resume))
 	}
 	b.ReportMetric(percentile(pause, 0.5), "pause-p50-ms")
 	b.ReportMetric(percentile(resume, 0.5), "resume-p50-ms")

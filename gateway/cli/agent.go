@@ -18,7 +18,6 @@ import (
 	"golang.org/x/term"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/profile"
 )
@@ -259,7 +258,7 @@ func launch(cmd *cobra.Command, o launchOptions, image string, argv []string) er
 func removeLaunched(c *api.Client, name string, stderr io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	results, err := c.Apply(ctx, api.VerbRemove, api.NamesRequest{Names: []string{name}, Force: true})
+	results, err := c.Apply(ctx, api.Remove, api.NamesRequest{Names: []string{name}, Force: true})
 	if err != nil {
 		fmt.Fprintf(stderr, "nexus: remove %s: %v (the gateway removes it once the lease lapses)\n", name, err)
 		return
@@ -273,7 +272,7 @@ func removeLaunched(c *api.Client, name string, stderr io.Writer) {
 
 // printPerimeter prints what `nexus egress show` would, briefly, to w.
 func printPerimeter(ctx context.Context, c *api.Client, name string, w io.Writer) {
-	v, err := bus.Request[api.EgressView](ctx, c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbEgressShow), api.NameRequest{Name: name})
+	v, err := c.EgressShow(ctx, name)
 	if err != nil {
 		var msg string
 		if !errors.Is(err, context.Canceled) {

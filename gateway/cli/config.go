@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/httppolicy"
@@ -130,8 +129,7 @@ func explainCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ex, err := bus.Request[api.Explanation](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbEgressExplain),
-				api.ExplainRequest{Name: args[0], Method: args[1], URL: args[2], Body: body})
+			ex, err := c.EgressExplain(cmd.Context(), api.ExplainRequest{Name: args[0], Method: args[1], URL: args[2], Body: body})
 			if err != nil {
 				return err
 			}

@@ -16,7 +16,6 @@ import (
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/audit"
-	"github.com/IniZio/nexus/pkg/bus"
 )
 
 func init() { extraCommands = append(extraCommands, secretCommand, auditCommand, egressCommand) }
@@ -78,7 +77,7 @@ func secretCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := bus.Request[struct{}](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbSecretSet), req); err != nil {
+			if err := c.SecretSet(cmd.Context(), req); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "secret %s stored; sandboxes created from now on get a placeholder of it\n", args[0])
@@ -99,7 +98,7 @@ func secretCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := bus.Request[credapi.SecretListResponse](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbSecretList), struct{}{})
+			list, err := c.SecretList(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -125,7 +124,7 @@ func secretCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := bus.Request[struct{}](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbSecretRemove), credapi.SecretRemoveRequest{Name: args[0]}); err != nil {
+			if err := c.SecretRemove(cmd.Context(), args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "secret %s removed\n", args[0])
@@ -233,7 +232,7 @@ func egressCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			v, err := bus.Request[api.EgressView](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbEgressShow), api.NameRequest{Name: args[0]})
+			v, err := c.EgressShow(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

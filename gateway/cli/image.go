@@ -96,7 +96,7 @@ func imageCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := bus.Request[[]vmmapi.ImageInfo](cmd.Context(), c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbImages), vmmapi.Empty{})
+			list, err := c.Images(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -134,5 +134,5 @@ func imageCommand() *cobra.Command {
 }
 
 func imageOp(ctx context.Context, c *api.Client, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
-	return bus.Request[vmmapi.ImageInfo](ctx, c.Conn(), bus.Subject(bus.GatewayPrefix, api.VerbImage), r)
+	return c.Image(ctx, r)
 }

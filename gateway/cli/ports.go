@@ -30,7 +30,7 @@ func portsCommand() *cobra.Command {
 			if len(args) == 1 {
 				name = args[0]
 			}
-			list, err := portfwdapi.Ports(cmd.Context(), c.Conn(), name)
+			list, err := c.Ports(cmd.Context(), name)
 			if err != nil {
 				return err
 			}

@@ -45,12 +45,16 @@ func addSandboxCommands(root *cobra.Command) {
 	sandbox := &cobra.Command{Use: "sandbox", Short: "Sandbox commands (aliases of the top-level ones)"}
 	sandbox.AddCommand(createCommand())
 	root.AddCommand(createCommand(), psCommand(), sandbox)
-	for _, v := range []struct{ use, verb, short string }{
-		{"start", api.VerbStart, "Start created or stopped sandboxes"},
-		{"stop", api.VerbStop, "Stop running sandboxes (their disks are kept)"},
-		{"pause", api.VerbPause, "Pause running sandboxes"},
-		{"resume", api.VerbResume, "Resume paused sandboxes"},
-		{"rm", api.VerbRemove, "Remove sandboxes and everything they own"},
+	for _, v := range []struct {
+		use   string
+		verb  api.Lifecycle
+		short string
+	}{
+		{"start", api.Start, "Start created or stopped sandboxes"},
+		{"stop", api.Stop, "Stop running sandboxes (their disks are kept)"},
+		{"pause", api.Pause, "Pause running sandboxes"},
+		{"resume", api.Resume, "Resume paused sandboxes"},
+		{"rm", api.Remove, "Remove sandboxes and everything they own"},
 	} {
 		root.AddCommand(applyCommand(v.use, v.verb, v.short))
 	}
@@ -195,7 +199,7 @@ func age(t time.Time) string {
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
 }
 
-func applyCommand(use, verb, short string) *cobra.Command {
+func applyCommand(use string, verb api.Lifecycle, short string) *cobra.Command {
 	var sel []string
 	var force, asJSON bool
 	cmd := &cobra.Command{
@@ -224,7 +228,7 @@ func applyCommand(use, verb, short string) *cobra.Command {
 				}
 				if !asJSON {
 					state := string(r.State)
-					if verb == api.VerbRemove {
+					if verb == api.Remove {
 						state = "removed"
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", r.Name, state)

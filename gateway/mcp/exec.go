@@ -263,7 +263,7 @@ func (s *Server) removeOwned(name, key, value string) error {
 	if sb.Labels[key] != value {
 		return nil // someone else's sandbox of the same name: not ours to remove
 	}
-	res, err := c.Apply(ctx, api.VerbRemove, api.NamesRequest{Names: []string{name}, Force: true})
+	res, err := c.Apply(ctx, api.Remove, api.NamesRequest{Names: []string{name}, Force: true})
 	if err != nil {
 		return err
 	}

@@ -104,7 +104,7 @@ func (s *Server) sandboxPorts(ctx context.Context, req mcpgo.CallToolRequest) (a
 	if sb.NoPortForward {
 		return nil, errdefs.Conflict("sandbox %s was created with port forwarding off", sb.Name)
 	}
-	fwds, err := portfwd.Ports(ctx, c.Conn(), sb.Name)
+	fwds, err := c.Ports(ctx, sb.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -140,9 +140,9 @@ type applyResult struct {
 
 // applyVerb serves start, stop, pause, resume and remove: one named sandbox each.
 func (s *Server) applyVerb(tool string) handlerFunc {
-	verb := map[string]string{
-		ToolSandboxStart: api.VerbStart, ToolSandboxStop: api.VerbStop, ToolSandboxPause: api.VerbPause,
-		ToolSandboxResume: api.VerbResume, ToolSandboxRemove: api.VerbRemove,
+	verb := map[string]api.Lifecycle{
+		ToolSandboxStart: api.Start, ToolSandboxStop: api.Stop, ToolSandboxPause: api.Pause,
+		ToolSandboxResume: api.Resume, ToolSandboxRemove: api.Remove,
 	}[tool]
 	return func(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
 		var a nameArgs
@@ -174,7 +174,7 @@ func (s *Server) applyVerb(tool string) handlerFunc {
 			return nil, errdefs.FromCode(r.Code, r.Error)
 		}
 		state := string(r.State)
-		if verb == api.VerbRemove {
+		if verb == api.Remove {
 			state = "removed"
 			s.mu.Lock()
 			delete(s.onExit, r.Name)

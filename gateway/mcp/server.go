@@ -100,7 +100,7 @@ func (s *Server) Close() {
 	if len(names) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		if c, err := s.client(ctx); err == nil {
-			res, err := c.Apply(ctx, api.VerbRemove, api.NamesRequest{Names: names, Force: true})
+			res, err := c.Apply(ctx, api.Remove, api.NamesRequest{Names: names, Force: true})
 			if err != nil {
 				s.log.Warn().Err(err).Strs("sandboxes", names).Msg("remove_on_exit: remove failed")
 			}

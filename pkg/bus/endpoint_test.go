@@ -18,6 +18,7 @@ import (
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
+	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 )
@@ -36,6 +37,7 @@ var contracts = []contract{
 	{"mitm", mitmapi.Endpoints, bus.UserMITM, []string{bus.UserGateway}},
 	{"netstack", netapi.Endpoints, bus.UserNetstack, []string{bus.UserGateway}},
 	{"vmm", vmmapi.Endpoints, bus.UserVMM, []string{bus.UserGateway}},
+	{"portfwd", portfwdapi.Endpoints, bus.UserPortfwd, []string{bus.UserGateway}},
 	{"gateway", gwapi.Endpoints, bus.UserGateway, []string{bus.UserCLI}},
 }
 
@@ -57,12 +59,26 @@ func TestEndpointsAreListed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Endpoint literals, written bus.Endpoint[…]{…} or through an alias of it (Lifecycle{…}).
+		isEndpoint := func(e ast.Expr) bool {
+			idx, ok := e.(*ast.IndexListExpr)
+			if !ok {
+				return false
+			}
+			sel, ok := idx.X.(*ast.SelectorExpr)
+			return ok && sel.Sel.Name == "Endpoint"
+		}
+		aliases := map[string]bool{}
+		ast.Inspect(file, func(n ast.Node) bool {
+			if ts, ok := n.(*ast.TypeSpec); ok && ts.Assign.IsValid() && isEndpoint(ts.Type) {
+				aliases[ts.Name.Name] = true
+			}
+			return true
+		})
 		ast.Inspect(file, func(n ast.Node) bool {
 			if lit, ok := n.(*ast.CompositeLit); ok {
-				if idx, ok := lit.Type.(*ast.IndexListExpr); ok {
-					if sel, ok := idx.X.(*ast.SelectorExpr); ok && sel.Sel.Name == "Endpoint" {
-						declared[filepath.Base(filepath.Dir(f))]++
-					}
+				if id, ok := lit.Type.(*ast.Ident); isEndpoint(lit.Type) || ok && aliases[id.Name] {
+					declared[filepath.Base(filepath.Dir(f))]++
 				}
 			}
 			return true

@@ -133,7 +133,7 @@ func (s *Service) Run(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() {
 		done <- bus.Serve(ctx, s.cfg.Bus, info, s.log, func(svc *bus.Service) error {
-			return bus.Handle(svc, "list", bus.HostSubject(bus.PortfwdPrefix, s.cfg.Host, api.VerbList), s.list)
+			return api.List.Serve(svc, s.list)
 		})
 	}()
 	tick := time.NewTicker(time.Second)

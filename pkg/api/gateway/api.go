@@ -1,34 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/config"
 )
-
-// Verbs on nexus.gateway.<verb>.
-const (
-	VerbCreate = "sandbox.create"
-	VerbGet    = "sandbox.get"
-	VerbList   = "sandbox.list"
-	VerbStart  = "sandbox.start"
-	VerbStop   = "sandbox.stop"
-	VerbPause  = "sandbox.pause"
-	VerbResume = "sandbox.resume"
-	VerbRemove = "sandbox.remove"
-	VerbExec   = "sandbox.exec"
-	VerbLogs   = "sandbox.logs"
-	VerbCopy   = "sandbox.copy"
-)
-
-// Endpoints lists the endpoints of the contract declared as bus.Endpoint values (the bus tests
-// check their permissions); the Verb* constants above are still served by name.
-var Endpoints = []bus.Route{DelegateCreate, DelegateDispatch, DelegatePoll, DelegateTeardown}
 
 // CreateRequest asks for a new sandbox; zero values take the defaults.
 type CreateRequest struct {
@@ -85,32 +62,8 @@ type SandboxView struct {
 	RSSBytes int64 `json:"rss_bytes,omitempty"`
 }
 
-// Client is the typed client of the gateway API used by the CLI and the MCP server.
-type Client struct{ nc *nats.Conn }
-
-// NewClient returns a gateway client over nc.
-func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc} }
-
-// Conn is the underlying bus connection (streams use it directly).
-func (c *Client) Conn() *nats.Conn { return c.nc }
-
-func subject(verb string) string { return bus.Subject(bus.GatewayPrefix, verb) }
-
 // CreateTimeout bounds a create: image preparation plus a TCG boot.
 const CreateTimeout = 5 * time.Minute
-
-func (c *Client) Create(ctx context.Context, r CreateRequest) (*Sandbox, error) {
-	return bus.Request[*Sandbox](ctx, c.nc, subject(VerbCreate), r)
-}
-func (c *Client) Get(ctx context.Context, name string) (*Sandbox, error) {
-	return bus.Request[*Sandbox](ctx, c.nc, subject(VerbGet), NameRequest{Name: name})
-}
-func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error) {
-	return bus.Request[[]SandboxView](ctx, c.nc, subject(VerbList), r)
-}
-func (c *Client) Apply(ctx context.Context, verb string, r NamesRequest) ([]Result, error) {
-	return bus.Request[[]Result](ctx, c.nc, subject(verb), r)
-}
 
 // ExecRequest runs a command in a named sandbox; I/O flows on stream session SID, which the
 // caller opened (stream.Client) before asking.
@@ -151,37 +104,11 @@ type LogsResponse struct {
 	NextOffset int64  `json:"next_offset"`
 }
 
-// Empty is the response of verbs that return nothing.
+// Empty is the request or response of endpoints that carry nothing.
 type Empty struct{}
-
-func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
-	_, err := bus.Request[Empty](ctx, c.nc, subject(VerbExec), r)
-	return err
-}
-func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
-	_, err := bus.Request[Empty](ctx, c.nc, subject(VerbCopy), r)
-	return err
-}
-func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
-	return bus.Request[LogsResponse](ctx, c.nc, subject(VerbLogs), r)
-}
-
-// Image verbs: the gateway forwards them to the vmm of its host.
-const (
-	VerbImages = "image.list"
-	VerbImage  = "image.op"
-)
 
 // ImageTimeout bounds an image build (a Debian debootstrap is ~40 s on a warm cache).
 const ImageTimeout = 20 * time.Minute
-
-// Secret and egress verbs: the gateway forwards them to credbroker and netstack.
-const (
-	VerbSecretSet    = "secret.set"
-	VerbSecretList   = "secret.list"
-	VerbSecretRemove = "secret.rm"
-	VerbEgressShow   = "egress.show"
-)
 
 // EgressView is what `nexus egress show` prints: the recorded perimeter and the live network
 // (allowlist, mode, expiry, DNS table, counters).

@@ -2,9 +2,6 @@ package gateway
 
 import "github.com/IniZio/nexus/pkg/httppolicy"
 
-// VerbEgressExplain judges a request against a sandbox's perimeter without sending it.
-const VerbEgressExplain = "egress.explain"
-
 // ExplainRequest names a sandbox and a request: METHOD and an absolute http(s) URL, with an
 // optional body (a GraphQL document, a push's pkt-lines).
 type ExplainRequest struct {

@@ -1,21 +1,6 @@
 package gateway
 
-import (
-	"context"
-	"time"
-
-	"github.com/IniZio/nexus/pkg/bus"
-)
-
-// Snapshot, fork and volume verbs on nexus.gateway.<verb>.
-const (
-	VerbSnapshotCreate = "snapshot.create"
-	VerbSnapshotList   = "snapshot.list"
-	VerbSnapshotRemove = "snapshot.rm"
-	VerbFork           = "sandbox.fork"
-	VerbVolumeList     = "volume.list"
-	VerbVolumeRemove   = "volume.rm"
-)
+import "time"
 
 // SnapshotTimeout bounds a snapshot create (the parent is stopped while RAM and disk are copied).
 const SnapshotTimeout = 5 * time.Minute
@@ -84,25 +69,4 @@ type VolumeView struct {
 type VolumeRemoveRequest struct {
 	Sandbox string `json:"sandbox"`
 	Volume  string `json:"volume"`
-}
-
-func (c *Client) SnapshotCreate(ctx context.Context, r SnapshotCreateRequest) (*Snapshot, error) {
-	return bus.Request[*Snapshot](ctx, c.nc, subject(VerbSnapshotCreate), r)
-}
-func (c *Client) SnapshotList(ctx context.Context) ([]SnapshotView, error) {
-	return bus.Request[[]SnapshotView](ctx, c.nc, subject(VerbSnapshotList), Empty{})
-}
-func (c *Client) SnapshotRemove(ctx context.Context, name string) error {
-	_, err := bus.Request[Empty](ctx, c.nc, subject(VerbSnapshotRemove), SnapshotRemoveRequest{Snapshot: name})
-	return err
-}
-func (c *Client) Fork(ctx context.Context, r ForkRequest) (*Sandbox, error) {
-	return bus.Request[*Sandbox](ctx, c.nc, subject(VerbFork), r)
-}
-func (c *Client) VolumeList(ctx context.Context) ([]VolumeView, error) {
-	return bus.Request[[]VolumeView](ctx, c.nc, subject(VerbVolumeList), Empty{})
-}
-func (c *Client) VolumeRemove(ctx context.Context, r VolumeRemoveRequest) error {
-	_, err := bus.Request[Empty](ctx, c.nc, subject(VerbVolumeRemove), r)
-	return err
 }

@@ -1,6 +1,6 @@
 // Package portfwd is the contract of the port-forward service: the guest listener events the
-// vmm publishes, the forward events and records of the portfwd service, its list API and a
-// typed client. The CLI reaches the list through the gateway (sandbox.ports).
+// vmm publishes, the forward events and records of the portfwd service, its list endpoint and a
+// typed client. The CLI reaches the list through the gateway (gateway.Ports).
 package portfwd
 
 import (
@@ -21,13 +21,12 @@ const (
 // InRange reports whether a guest port is forwarded at all.
 func InRange(port int) bool { return port >= MinPort && port <= MaxPort }
 
-// Verbs.
-const (
-	// VerbList is nexus.portfwd.<host>.list.
-	VerbList = "list"
-	// VerbGatewayPorts is nexus.gateway.sandbox.ports: the CLI's way to the list.
-	VerbGatewayPorts = "sandbox.ports"
-)
+// List is the one endpoint, nexus.portfwd.<host>.list: the forwards (and conflicts) of one
+// sandbox, or of all.
+var List = bus.Endpoint[ListRequest, []Forward]{Scope: bus.PortfwdAPI, Verb: "list"}
+
+// Endpoints lists every endpoint of the contract (the bus tests check their permissions).
+var Endpoints = []bus.Route{List}
 
 // Event types on nexus.events.ports.<id>.
 const (
@@ -95,11 +94,6 @@ type ListRequest struct {
 	ID string `json:"id,omitempty"`
 }
 
-// PortsRequest is the gateway's sandbox.ports request: one sandbox by name, or all.
-type PortsRequest struct {
-	Name string `json:"name,omitempty"`
-}
-
 // Client calls the portfwd service of one host.
 type Client struct {
 	nc   *nats.Conn
@@ -111,11 +105,5 @@ func NewClient(nc *nats.Conn, host string) *Client { return &Client{nc: nc, host
 
 // List returns the forwards (and conflicts) of one sandbox, or of all.
 func (c *Client) List(ctx context.Context, r ListRequest) ([]Forward, error) {
-	return bus.Request[[]Forward](ctx, c.nc, bus.HostSubject(bus.PortfwdPrefix, c.host, VerbList), r)
-}
-
-// Ports asks the gateway for the forwards of a sandbox by name (all sandboxes when name is
-// empty); it is what `nexus ports` and the MCP server call.
-func Ports(ctx context.Context, nc *nats.Conn, name string) ([]Forward, error) {
-	return bus.Request[[]Forward](ctx, nc, bus.Subject(bus.GatewayPrefix, VerbGatewayPorts), PortsRequest{Name: name})
+	return List.Call(ctx, c.nc, c.host, r)
 }

@@ -5,19 +5,7 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
-)
-
-// Snapshot, fork and volume endpoints, on nexus.vmm.<host>.<verb>.
-var (
-	SnapshotCreate   = bus.Endpoint[SnapshotRequest, SnapshotInfo]{Scope: bus.VMMAPI, Verb: "snapshot.create"}
-	SnapshotRemove   = bus.Endpoint[SnapshotName, Empty]{Scope: bus.VMMAPI, Verb: "snapshot.remove"}
-	SnapshotChildren = bus.Endpoint[SnapshotName, SnapshotChildrenResponse]{Scope: bus.VMMAPI, Verb: "snapshot.children"}
-	SnapshotList     = bus.Endpoint[Empty, []SnapshotInfo]{Scope: bus.VMMAPI, Verb: "snapshot.list"}
-	Fork             = bus.Endpoint[ForkRequest, StartResponse]{Scope: bus.VMMAPI, Verb: "fork"}
-	VolumeList       = bus.Endpoint[Empty, []VolumeInfo]{Scope: bus.VMMAPI, Verb: "volume.list"}
-	VolumeRemove     = bus.Endpoint[VolumeRequest, Empty]{Scope: bus.VMMAPI, Verb: "volume.remove"}
 )
 
 // SnapshotTimeout bounds a snapshot: the guest is stopped while its RAM and disk are copied.

@@ -11,7 +11,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 )
 
-// Endpoints, on nexus.vmm.<host>.<verb> (the snapshot and volume ones are in snapshot.go).
+// Endpoints, on nexus.vmm.<host>.<verb>.
 var (
 	Start   = bus.Endpoint[StartRequest, StartResponse]{Scope: bus.VMMAPI, Verb: "start"}
 	Stop    = bus.Endpoint[IDRequest, Empty]{Scope: bus.VMMAPI, Verb: "stop"}
@@ -25,6 +25,14 @@ var (
 	Logs    = bus.Endpoint[LogsRequest, LogsResponse]{Scope: bus.VMMAPI, Verb: "logs"}
 	Images  = bus.Endpoint[Empty, []ImageInfo]{Scope: bus.VMMAPI, Verb: "images"}
 	Image   = bus.Endpoint[ImageRequest, ImageInfo]{Scope: bus.VMMAPI, Verb: "image"}
+
+	SnapshotCreate   = bus.Endpoint[SnapshotRequest, SnapshotInfo]{Scope: bus.VMMAPI, Verb: "snapshot.create"}
+	SnapshotRemove   = bus.Endpoint[SnapshotName, Empty]{Scope: bus.VMMAPI, Verb: "snapshot.remove"}
+	SnapshotChildren = bus.Endpoint[SnapshotName, SnapshotChildrenResponse]{Scope: bus.VMMAPI, Verb: "snapshot.children"}
+	SnapshotList     = bus.Endpoint[Empty, []SnapshotInfo]{Scope: bus.VMMAPI, Verb: "snapshot.list"}
+	Fork             = bus.Endpoint[ForkRequest, StartResponse]{Scope: bus.VMMAPI, Verb: "fork"}
+	VolumeList       = bus.Endpoint[Empty, []VolumeInfo]{Scope: bus.VMMAPI, Verb: "volume.list"}
+	VolumeRemove     = bus.Endpoint[VolumeRequest, Empty]{Scope: bus.VMMAPI, Verb: "volume.remove"}
 )
 
 // Endpoints lists every endpoint of the contract (the bus tests check their permissions).
