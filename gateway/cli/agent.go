@@ -22,8 +22,6 @@ import (
 	"github.com/IniZio/nexus/pkg/profile"
 )
 
-func init() { extraCommands = append(extraCommands, agentCommand, herdrCommand) }
-
 func agentCommand() *cobra.Command {
 	c := &cobra.Command{Use: "agent", Short: "Run agents in ephemeral sandboxes"}
 	c.AddCommand(launchCommand())

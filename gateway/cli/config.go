@@ -15,11 +15,8 @@ import (
 	"github.com/IniZio/nexus/pkg/httppolicy"
 )
 
-func init() { extraCommands = append(extraCommands, configCommand) }
-
 func configCommand() *cobra.Command {
 	cfg := &cobra.Command{Use: "config", Short: "Check a project's .nexus/config.yaml"}
-	var asJSON bool
 	check := &cobra.Command{
 		Use:   "check [PATH]",
 		Short: "Validate .nexus/config.yaml (default: at the git root of the working directory) and print the effective policy",
@@ -44,15 +41,13 @@ func configCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), c)
+			if printedJSON(cmd, c) {
 				return nil
 			}
 			printEffective(cmd.OutOrStdout(), c)
 			return nil
 		},
 	}
-	check.Flags().BoolVar(&asJSON, "json", false, "print the parsed config as JSON")
 	cfg.AddCommand(check)
 	return cfg
 }
@@ -111,7 +106,6 @@ func printEffective(w io.Writer, c *config.Config) {
 
 func explainCommand() *cobra.Command {
 	var data string
-	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "explain NAME METHOD URL",
 		Short: "Print what the perimeter would decide for a request from a sandbox, and the rule that decides it, without sending it",
@@ -133,8 +127,7 @@ func explainCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), ex)
+			if printedJSON(cmd, ex) {
 				return nil
 			}
 			w := cmd.OutOrStdout()
@@ -147,6 +140,5 @@ func explainCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&data, "data", "d", "", "request body, or @FILE (a GraphQL JSON body, a push's pkt-lines)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

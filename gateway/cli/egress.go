@@ -18,8 +18,6 @@ import (
 	"github.com/IniZio/nexus/pkg/audit"
 )
 
-func init() { extraCommands = append(extraCommands, secretCommand, auditCommand, egressCommand) }
-
 // MaxSecretBytes bounds a secret value read from stdin or a file.
 const MaxSecretBytes = 64 << 10
 
@@ -88,7 +86,6 @@ func secretCommand() *cobra.Command {
 	set.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file")
 	set.Flags().StringVar(&command, "command", "", "run this on the host each time the value is needed (e.g. 'gh auth token')")
 	set.Flags().StringArrayVar(&hosts, "host", nil, "hosts the secret is meant for (informational)")
-	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List secrets (names, hosts, updated; never values)",
@@ -102,8 +99,7 @@ func secretCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if lsJSON {
-				printJSON(cmd.OutOrStdout(), list.Secrets)
+			if printedJSON(cmd, list.Secrets) {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -114,7 +110,6 @@ func secretCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
 	rm := &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove a secret",
@@ -137,7 +132,7 @@ func secretCommand() *cobra.Command {
 
 func auditCommand() *cobra.Command {
 	au := &cobra.Command{Use: "audit", Short: "Read the egress audit stream"}
-	var follow, denied, asJSON bool
+	var follow, denied bool
 	var sandboxes []string
 	var since time.Duration
 	tail := &cobra.Command{
@@ -175,6 +170,7 @@ func auditCommand() *cobra.Command {
 			w := cmd.OutOrStdout()
 			enc := json.NewEncoder(w)
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			asJSON := jsonOutput(cmd) // one event per line
 			if !asJSON {
 				fmt.Fprintln(tw, "TIME\tSANDBOX\tLAYER\tDECISION\tDESTINATION\tREQUEST\tRULE\tREASON")
 			}
@@ -215,14 +211,12 @@ func auditCommand() *cobra.Command {
 	tail.Flags().BoolVar(&denied, "denied", false, "only denials")
 	tail.Flags().StringArrayVar(&sandboxes, "sandbox", nil, "only this sandbox (repeatable)")
 	tail.Flags().DurationVar(&since, "since", 0, "only decisions newer than this (e.g. 10m)")
-	tail.Flags().BoolVar(&asJSON, "json", false, "one JSON event per line")
 	au.AddCommand(tail)
 	return au
 }
 
 func egressCommand() *cobra.Command {
 	eg := &cobra.Command{Use: "egress", Short: "Inspect a sandbox's egress perimeter"}
-	var asJSON bool
 	show := &cobra.Command{
 		Use:   "show NAME",
 		Short: "Print the effective allowlist, mode, expiry and the DNS table",
@@ -236,8 +230,7 @@ func egressCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), v)
+			if printedJSON(cmd, v) {
 				return nil
 			}
 			w := cmd.OutOrStdout()
@@ -273,7 +266,6 @@ func egressCommand() *cobra.Command {
 			return nil
 		},
 	}
-	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	eg.AddCommand(show, explainCommand())
 	return eg
 }

@@ -20,13 +20,6 @@ import (
 	"github.com/IniZio/nexus/pkg/stream"
 )
 
-func init() {
-	extraCommands = append(extraCommands, execCommand, attachCommand, cpCommand, logsCommand)
-}
-
-// extraCommands are added to the root by NewRoot.
-var extraCommands []func() *cobra.Command
-
 func execCommand() *cobra.Command {
 	var interactive, tty bool
 	var env []string

@@ -19,11 +19,9 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 )
 
-func init() { extraCommands = append(extraCommands, imageCommand) }
-
 func imageCommand() *cobra.Command {
 	img := &cobra.Command{Use: "image", Short: "Build, list and remove root images"}
-	var force, asJSON bool
+	var force bool
 	build := &cobra.Command{
 		Use:   "build NAME",
 		Short: "Build a root image (nexus-base: Debian bookworm; nexus-mini: busybox)",
@@ -35,7 +33,7 @@ func imageCommand() *cobra.Command {
 			}
 			req := vmmapi.ImageRequest{Op: "build", Name: args[0], Force: force}
 			var bar *progressbar.ProgressBar
-			if !asJSON {
+			if !jsonOutput(cmd) {
 				interactive := false
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					interactive = true
@@ -76,8 +74,7 @@ func imageCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), info)
+			if printedJSON(cmd, info) {
 				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d MiB, built %s\n", info.Name, info.SizeBytes>>20, info.Built.Local().Format("2006-01-02 15:04:05"))
@@ -85,8 +82,6 @@ func imageCommand() *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
-	build.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List built images",
@@ -100,8 +95,7 @@ func imageCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if lsJSON {
-				printJSON(cmd.OutOrStdout(), list)
+			if printedJSON(cmd, list) {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -112,7 +106,6 @@ func imageCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
 	rm := &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove a built image",

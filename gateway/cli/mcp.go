@@ -16,8 +16,6 @@ import (
 	"github.com/IniZio/nexus/pkg/version"
 )
 
-func init() { extraCommands = append(extraCommands, mcpCommand) }
-
 func mcpCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "mcp",

@@ -10,10 +10,7 @@ import (
 	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
 )
 
-func init() { extraCommands = append(extraCommands, portsCommand) }
-
 func portsCommand() *cobra.Command {
-	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "ports [[project/]NAME]",
 		Short: "List guest ports forwarded to the same port on 127.0.0.1, and conflicts",
@@ -34,8 +31,7 @@ func portsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), list)
+			if printedJSON(cmd, list) {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -46,6 +42,5 @@ func portsCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

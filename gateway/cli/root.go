@@ -50,12 +50,20 @@ func NewRoot() *cobra.Command {
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "console", "log format: console or json")
 	settings.AddFlags(root.PersistentFlags(), settings.Global)
+	addJSONFlag(root)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(statusCommand())
-	addSandboxCommands(root)
-	for _, c := range extraCommands {
-		root.AddCommand(c())
-	}
+	root.AddCommand(
+		statusCommand(),
+		// sandboxes
+		createCommand(), psCommand(), sandboxCommand(),
+		execCommand(), attachCommand(), cpCommand(), logsCommand(), portsCommand(),
+		snapshotCommand(), forkCommand(), volumeCommand(),
+		// images, secrets and the perimeter
+		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
+		// agents
+		agentCommand(), herdrCommand(), mcpCommand(),
+	)
+	root.AddCommand(lifecycleCommands()...)
 	return root
 }
 

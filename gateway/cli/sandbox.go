@@ -35,16 +35,17 @@ func dial(cmd *cobra.Command) (*api.Client, *Global, error) {
 	return api.NewClient(nc), g, nil
 }
 
-func printJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
-}
-
-func addSandboxCommands(root *cobra.Command) {
+// sandboxCommand is `nexus sandbox`: aliases of the top-level sandbox commands.
+func sandboxCommand() *cobra.Command {
 	sandbox := &cobra.Command{Use: "sandbox", Short: "Sandbox commands (aliases of the top-level ones)"}
 	sandbox.AddCommand(createCommand())
-	root.AddCommand(createCommand(), psCommand(), sandbox)
+	return sandbox
+}
+
+// lifecycleCommands are start, stop, pause, resume and rm: one verb on named or selected
+// sandboxes.
+func lifecycleCommands() []*cobra.Command {
+	var cmds []*cobra.Command
 	for _, v := range []struct {
 		use   string
 		verb  api.Lifecycle
@@ -56,14 +57,14 @@ func addSandboxCommands(root *cobra.Command) {
 		{"resume", api.Resume, "Resume paused sandboxes"},
 		{"rm", api.Remove, "Remove sandboxes and everything they own"},
 	} {
-		root.AddCommand(applyCommand(v.use, v.verb, v.short))
+		cmds = append(cmds, applyCommand(v.use, v.verb, v.short))
 	}
+	return cmds
 }
 
 func createCommand() *cobra.Command {
 	var r api.CreateRequest
 	var labels []string
-	var asJSON bool
 	var configPath string
 	cmd := &cobra.Command{
 		Use:   "create [project/]NAME",
@@ -82,24 +83,12 @@ func createCommand() *cobra.Command {
 				return err
 			}
 			r.Name = args[0]
-			stopProgress := func() {}
-			if !asJSON {
-				r.Progress, stopProgress = followSteps(c.Conn(), cmd.ErrOrStderr())
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), api.CreateTimeout)
-			defer cancel()
-			start := time.Now()
-			sb, err := c.Create(ctx, r)
-			stopProgress()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), sb)
-				return nil
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s in %.1fs (image %s, %d MiB, %d vCPU)\n", sb.Name, sb.State, time.Since(start).Seconds(), sb.Image, sb.MemoryMiB, sb.VCPUs)
-			return nil
+			return booting(cmd, c, api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
+				r.Progress = progress
+				return c.Create(ctx, r)
+			}, func(w io.Writer, sb *api.Sandbox, took time.Duration) {
+				fmt.Fprintf(w, "%s %s in %.1fs (image %s, %d MiB, %d vCPU)\n", sb.Name, sb.State, took.Seconds(), sb.Image, sb.MemoryMiB, sb.VCPUs)
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -116,8 +105,30 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
 	f.StringVar(&configPath, "config", "", "project config (default: .nexus/config.yaml at the git root of the working directory)")
-	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
+}
+
+// booting runs a request that boots a sandbox (create, fork, delegate create) under timeout:
+// the boot steps are printed on stderr as they finish unless --json is given, then the result
+// is printed as JSON or as human writes it.
+func booting[T any](cmd *cobra.Command, c *api.Client, timeout time.Duration, call func(ctx context.Context, progress string) (T, error),
+	human func(w io.Writer, v T, took time.Duration)) error {
+	progress, stop := "", func() {}
+	if !jsonOutput(cmd) {
+		progress, stop = followSteps(c.Conn(), cmd.ErrOrStderr())
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+	defer cancel()
+	start := time.Now()
+	v, err := call(ctx, progress)
+	stop()
+	if err != nil {
+		return err
+	}
+	if !printedJSON(cmd, v) {
+		human(cmd.OutOrStdout(), v, time.Since(start))
+	}
+	return nil
 }
 
 // followSteps prints boot steps as they arrive on a private stream subject.
@@ -136,7 +147,7 @@ func followSteps(nc *nats.Conn, w io.Writer) (string, func()) {
 }
 
 func psCommand() *cobra.Command {
-	var all, asJSON bool
+	var all bool
 	var sel []string
 	cmd := &cobra.Command{
 		Use:   "ps",
@@ -151,8 +162,7 @@ func psCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), list)
+			if printedJSON(cmd, list) {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -170,7 +180,6 @@ func psCommand() *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and failed sandboxes")
 	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
@@ -201,7 +210,7 @@ func age(t time.Time) string {
 
 func applyCommand(use string, verb api.Lifecycle, short string) *cobra.Command {
 	var sel []string
-	var force, asJSON bool
+	var force bool
 	cmd := &cobra.Command{
 		Use:   use + " NAME… | -l key=value",
 		Short: short,
@@ -216,9 +225,7 @@ func applyCommand(use string, verb api.Lifecycle, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), results)
-			}
+			asJSON := printedJSON(cmd, results)
 			failed := 0
 			for _, r := range results {
 				if r.Error != "" {
@@ -246,7 +253,6 @@ func applyCommand(use string, verb api.Lifecycle, short string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON results")
 	if use == "rm" || use == "stop" {
 		cmd.Flags().BoolVarP(&force, "force", "f", false, map[string]string{"rm": "remove running sandboxes too", "stop": "kill instead of a clean shutdown"}[use])
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -11,11 +12,8 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 )
 
-func init() { extraCommands = append(extraCommands, snapshotCommand, forkCommand, volumeCommand) }
-
 func snapshotCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Snapshot running sandboxes (memory, device state and disk) to fork them later"}
-	var asJSON bool
 	create := &cobra.Command{
 		Use:   "create SANDBOX SNAPSHOT",
 		Short: "Snapshot a running sandbox; it is paused for the copy and then resumes",
@@ -31,8 +29,7 @@ func snapshotCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), s)
+			if printedJSON(cmd, s) {
 				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s of %s (%d MiB RAM, %d MiB touched; paused %d ms)\n",
@@ -40,8 +37,6 @@ func snapshotCommand() *cobra.Command {
 			return nil
 		},
 	}
-	create.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
-	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List snapshots and the live sandboxes forked from each",
@@ -55,8 +50,7 @@ func snapshotCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if lsJSON {
-				printJSON(cmd.OutOrStdout(), list)
+			if printedJSON(cmd, list) {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -68,7 +62,6 @@ func snapshotCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
 	rm := &cobra.Command{
 		Use:   "rm SNAPSHOT",
 		Short: "Remove a snapshot (refused while live sandboxes forked from it run; there is no --force)",
@@ -93,7 +86,6 @@ func snapshotCommand() *cobra.Command {
 
 func forkCommand() *cobra.Command {
 	var labels []string
-	var asJSON bool
 	cmd := &cobra.Command{
 		Use: "fork SNAPSHOT [project/]NEWNAME",
 		Short: "Boot a new sandbox from a snapshot: its processes keep running, with its own identity and perimeter " +
@@ -109,34 +101,20 @@ func forkCommand() *cobra.Command {
 				return err
 			}
 			r := api.ForkRequest{Source: args[0], Name: args[1], Labels: lb}
-			stopProgress := func() {}
-			if !asJSON {
-				r.Progress, stopProgress = followSteps(c.Conn(), cmd.ErrOrStderr())
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), api.CreateTimeout)
-			defer cancel()
-			start := time.Now()
-			sb, err := c.Fork(ctx, r)
-			stopProgress()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), sb)
-				return nil
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s in %.2fs (forked from %s)\n", sb.Name, sb.State, time.Since(start).Seconds(), args[0])
-			return nil
+			return booting(cmd, c, api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
+				r.Progress = progress
+				return c.Fork(ctx, r)
+			}, func(w io.Writer, sb *api.Sandbox, took time.Duration) {
+				fmt.Fprintf(w, "%s %s in %.2fs (forked from %s)\n", sb.Name, sb.State, took.Seconds(), args[0])
+			})
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }
 
 func volumeCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "volume", Short: "Named volumes (--mount-named): per-sandbox ext4 disks"}
-	var asJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List named volumes",
@@ -150,8 +128,7 @@ func volumeCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				printJSON(cmd.OutOrStdout(), list)
+			if printedJSON(cmd, list) {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -162,7 +139,6 @@ func volumeCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	rm := &cobra.Command{
 		Use:   "rm SANDBOX VOLUME",
 		Short: "Delete a stopped sandbox's named volume and its data",

@@ -33,7 +33,6 @@ type ServiceStatus struct {
 }
 
 func statusCommand() *cobra.Command {
-	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show every service: up or down, version, uptime, host (exit 1 if any is down)",
@@ -55,11 +54,7 @@ func statusCommand() *cobra.Command {
 				}
 			}
 			rows = withMissing(rows)
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				enc.Encode(rows)
-			} else {
+			if !printedJSON(cmd, rows) {
 				printStatus(cmd.OutOrStdout(), rows)
 			}
 			if connErr != nil {
@@ -73,7 +68,6 @@ func statusCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
