@@ -61,7 +61,7 @@ func NewRoot() *cobra.Command {
 		// images, secrets and the perimeter
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
-		agentCommand(), herdrCommand(), mcpCommand(),
+		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)
 	return root
