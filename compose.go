@@ -43,47 +43,59 @@ type runEnv struct {
 	nc   *nats.Conn
 }
 
-// component is one service: its bus user and how to build and run it.
+// component is one service: its name (also its bus user) and how to build and run it.
 type component struct {
-	name  string
-	about string
-	run   func(ctx context.Context, env runEnv) error
+	name string
+	run  func(ctx context.Context, env runEnv) error
 }
 
-// components lists the services in start order (the bus is started before any of them).
+// components lists the services of bus.Services after the bus, in their start order (the bus
+// is started before any of them).
 func components() []component {
-	return []component{
-		{name: "gateway", about: "sandbox registry and orchestration", run: func(ctx context.Context, env runEnv) error {
+	runs := runners()
+	var out []component
+	for _, name := range bus.Services {
+		if name != bus.UserBus {
+			out = append(out, component{name: name, run: runs[name]})
+		}
+	}
+	return out
+}
+
+// runners says how the composition root builds and runs each service but the bus.
+func runners() map[string]func(ctx context.Context, env runEnv) error {
+	return map[string]func(ctx context.Context, env runEnv) error{
+		bus.UserGateway: func(ctx context.Context, env runEnv) error {
 			return run(ctx, gateway.New, gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
-		}},
-		{name: "vmm", about: "microVMs, images, guest agent channel", run: func(ctx context.Context, env runEnv) error {
+		},
+		bus.UserVMM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel}})
-		}},
-		{name: "netstack", about: "per-sandbox userspace network and L4 allowlist", run: func(ctx context.Context, env runEnv) error {
+		},
+		bus.UserNetstack: func(ctx context.Context, env runEnv) error {
 			logrus.SetOutput(io.Discard) // gvisor-tap-vsock's switch logs through logrus's global logger
 			return run(ctx, netstack.New, netstack.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				UpstreamDNS: env.set.UpstreamDNS, Resolve: env.set.Resolve})
-		}},
-		{name: "mitm", about: "TLS MITM: SNI/Host allowlist and credential swap", run: func(ctx context.Context, env runEnv) error {
+		},
+		bus.UserMITM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, mitm.New, mitm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				Addr: env.set.MITMAddr, Resolve: env.set.Resolve, ExtraRoots: env.set.ExtraRoots})
-		}},
-		{name: "credbroker", about: "secrets, placeholders, credential guardian", run: func(ctx context.Context, env runEnv) error {
+		},
+		bus.UserCredbroker: func(ctx context.Context, env runEnv) error {
 			return run(ctx, credbroker.New, credbroker.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				TokenURL: env.set.ClaudeTokenURL})
-		}},
-		{name: "gitrelay", about: "git over SSH relay with repo and branch policy", run: func(ctx context.Context, env runEnv) error {
+		},
+		bus.UserGitrelay: func(ctx context.Context, env runEnv) error {
 			hosts, err := gitrelayHosts(env.set)
 			if err != nil {
 				return err
 			}
 			return run(ctx, gitrelay.New, gitrelay.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				SSH: gitrelay.SSHConfig{Binary: env.set.GitrelaySSH, Options: env.set.GitrelaySSHOpts, Hosts: hosts}})
-		}},
-		{name: "portfwd", about: "guest listeners at the same port on the host", run: func(ctx context.Context, env runEnv) error {
+		},
+		bus.UserPortfwd: func(ctx context.Context, env runEnv) error {
 			return run(ctx, portfwd.New, portfwd.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version})
-		}},
+		},
 	}
 }
 
@@ -134,14 +146,8 @@ func run[C any, S runner](ctx context.Context, newService func(C) (S, error), cf
 	return s.Run(ctx)
 }
 
-// ServiceNames is every name `nexus serve` accepts, the bus first.
-func serviceNames() []string {
-	names := []string{"bus"}
-	for _, c := range components() {
-		names = append(names, c.name)
-	}
-	return names
-}
+// serviceNames is every name `nexus serve` accepts, the bus first.
+func serviceNames() []string { return bus.Services }
 
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 
 	"github.com/IniZio/nexus/gateway/cli"
+	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/settings"
 )
 
@@ -57,5 +59,52 @@ func TestPortIsBusPort(t *testing.T) {
 		if g.Settings.BusPort != 4999 {
 			t.Errorf("%s --port 4999: bus port %d", name, g.Settings.BusPort)
 		}
+	}
+}
+
+// TestEveryServiceComposed: the root knows how to run every service of bus.Services, and no
+// other.
+func TestEveryServiceComposed(t *testing.T) {
+	runs := runners()
+	for _, name := range bus.Services {
+		if _, ok := runs[name]; !ok && name != bus.UserBus {
+			t.Errorf("bus.Services lists %s, which the composition root does not run", name)
+		}
+	}
+	if len(runs) != len(bus.Services)-1 {
+		t.Errorf("the root runs %d services, bus.Services lists %d besides the bus", len(runs), len(bus.Services)-1)
+	}
+	if got := len(components()); got != len(bus.Services)-1 {
+		t.Errorf("components() = %d services, want %d", got, len(bus.Services)-1)
+	}
+}
+
+// TestProcfile: the Procfile runs every service of bus.Services once, as
+// `name: bin/nexus serve name`, and nothing else.
+func TestProcfile(t *testing.T) {
+	b, err := os.ReadFile("Procfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for i, line := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		name, cmd, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(cmd) != "bin/nexus serve "+name {
+			t.Errorf("Procfile line %d %q: want `name: bin/nexus serve name`", i+1, line)
+			continue
+		}
+		got[name]++
+	}
+	for _, name := range bus.Services {
+		if got[name] != 1 {
+			t.Errorf("Procfile runs %s %d times, want once", name, got[name])
+		}
+		delete(got, name)
+	}
+	for name := range got {
+		t.Errorf("Procfile runs %s, which is not in bus.Services", name)
 	}
 }

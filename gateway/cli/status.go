@@ -18,7 +18,7 @@ import (
 )
 
 // Expected lists the services a healthy stack runs.
-var Expected = []string{"bus", "gateway", "vmm", "netstack", "mitm", "credbroker", "gitrelay", "portfwd"}
+var Expected = bus.Services
 
 // ServiceStatus is one row of `nexus status`.
 type ServiceStatus struct {

@@ -29,8 +29,13 @@ const (
 	UserCLI        = "cli" // the nexus CLI and the MCP server: the gateway's API only
 )
 
-// Users lists every bus user.
-var Users = []string{UserAdmin, UserBus, UserGateway, UserVMM, UserNetstack, UserMITM, UserCredbroker, UserGitrelay, UserPortfwd, UserCLI}
+// Services is the one list of nexus services, in start order, the bus first; each connects to
+// the bus as the user of its name. `nexus up` runs them all, `nexus serve <name>` one, the
+// Procfile one per process (a test checks it), and `nexus status` expects every one.
+var Services = []string{UserBus, UserGateway, UserVMM, UserNetstack, UserMITM, UserCredbroker, UserGitrelay, UserPortfwd}
+
+// Users lists every bus user: the services, ops' admin and the CLI.
+var Users = append(append([]string{UserAdmin}, Services...), UserCLI)
 
 // Creds is one user's credentials file.
 type Creds struct {
