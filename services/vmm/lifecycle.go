@@ -3,11 +3,9 @@ package vmm
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,72 +15,11 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/guest"
-	"github.com/IniZio/nexus/services/vmm/image"
-	"github.com/IniZio/nexus/services/vmm/initramfs"
-	"github.com/IniZio/nexus/services/vmm/kernel"
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
-// bootFiles are the kernel and initramfs every guest boots.
-type bootFiles struct {
-	kernel *kernel.Kernel
-	initrd string
-}
-
-// steps reports named boot steps to a progress subject as they finish, and keeps them.
-type steps struct {
-	s       *Service
-	subject string
-	last    time.Time
-	done    []api.Step
-}
-
-func (p *steps) finish(name string) {
-	now := time.Now()
-	st := api.Step{Name: name, Millis: now.Sub(p.last).Milliseconds(), Done: true}
-	p.last = now
-	p.done = append(p.done, st)
-	if p.subject != "" {
-		b, _ := json.Marshal(st)
-		p.s.cfg.Bus.Publish(p.subject, b)
-	}
-}
-
-// wrap names the step in an error, so a failed boot says where it stopped.
-func wrap(step string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrConflict) {
-		return err
-	}
-	return fmt.Errorf("boot step %s: %w", step, err)
-}
-
-// prepare fetches the kernel and builds the initramfs once per service lifetime (both are
-// cached on disk by their inputs, so this is quick after the first time).
-func (s *Service) prepare(ctx context.Context, p *steps) (*bootFiles, error) {
-	s.bootMu.Lock()
-	defer s.bootMu.Unlock()
-	if s.boot != nil {
-		return s.boot, nil
-	}
-	k, err := kernel.Ensure(ctx, s.cfg.CacheDir, nil)
-	if err != nil {
-		return nil, wrap("kernel", err)
-	}
-	p.finish("kernel")
-	initrd, err := initramfs.Build(k, s.cfg.AgentPath, initramfs.DefaultModules, filepath.Join(s.cfg.CacheDir, "initramfs"))
-	if err != nil {
-		return nil, wrap("initramfs", err)
-	}
-	p.finish("initramfs")
-	s.boot = &bootFiles{kernel: k, initrd: initrd}
-	return s.boot, nil
-}
-
-// start boots the VM of a sandbox and returns once its agent answered and is configured.
-// A stopped sandbox boots again on the disk it had.
+// start boots the VM of a sandbox (coldBoot) and returns once its agent answered and is
+// configured. A stopped sandbox boots again on the disk it had.
 func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartResponse, error) {
 	// A stop or remove that arrives while this boot runs waits for it, then undoes it: no VM
 	// can be left running behind a record that is gone.
@@ -93,102 +30,7 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		return api.StartResponse{}, errdefs.Conflict("sandbox %s is already running", r.Name)
 	}
 	s.mu.Unlock()
-	p := &steps{s: s, subject: r.Progress, last: time.Now()}
-	bf, err := s.prepare(ctx, p)
-	if err != nil {
-		return api.StartResponse{}, err
-	}
-	base, err := s.ensureImage(ctx, r.Image, r.Progress)
-	if err != nil {
-		return api.StartResponse{}, wrap("image", err)
-	}
-	p.finish("image")
-	dir := s.cfg.Home.Sandbox(r.ID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return api.StartResponse{}, wrap("disk", err)
-	}
-	if err := setPortForward(dir, !r.NoPortForward); err != nil {
-		return api.StartResponse{}, wrap("disk", err)
-	}
-	disk := filepath.Join(dir, "disk.qcow2")
-	if _, err := os.Stat(disk); errors.Is(err, os.ErrNotExist) {
-		if err := os.WriteFile(filepath.Join(dir, imageFile), []byte(r.Image+"\n"), 0o600); err != nil {
-			return api.StartResponse{}, wrap("disk", err)
-		}
-		if err := image.NewOverlay(base, disk); err != nil {
-			return api.StartResponse{}, wrap("disk", err)
-		}
-	}
-	p.finish("disk")
-	spec := qemu.VMSpec{
-		ID: r.ID, Dir: dir, Kernel: bf.kernel.VmlinuxPath, KernelVersion: bf.kernel.Version, Initrd: bf.initrd,
-		Hostname: r.Hostname, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, Disk: disk, NetSocket: r.NetSocket,
-	}
-	if spec.Kernel == "" {
-		spec.Kernel = bf.kernel.VmlinuzPath
-	}
-	if r.NetSocket != "" {
-		spec.Net = &qemu.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
-	}
-	for i, m := range r.Mounts {
-		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: m.Host, Tag: qemu.MountTag(i), ReadOnly: m.ReadOnly,
-			Guest: m.Guest, Remount: m.Remount})
-	}
-	if err := s.attachVolumes(ctx, r.ID, r.Volumes, &spec); err != nil {
-		return api.StartResponse{}, wrap("volumes", err)
-	}
-	vm, err := s.drv.Start(ctx, spec)
-	if err != nil {
-		return api.StartResponse{}, wrap("qemu", err)
-	}
-	p.finish("qemu")
-	m := &machine{id: r.ID, name: r.Name, dir: dir, vm: vm}
-	fail := func(step string, err error) (api.StartResponse, error) {
-		m.stopping = true
-		vm.Kill()
-		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		vm.Wait(wctx)
-		cancel()
-		m.teardown()
-		return api.StartResponse{}, wrap(step, err)
-	}
-	bctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
-	defer cancel()
-	agent, err := s.dialAgent(bctx, m)
-	if err != nil {
-		return fail("agent", err)
-	}
-	m.agent = agent
-	if errs := agent.Agent().BootErrors; len(errs) > 0 {
-		return fail("agent", fmt.Errorf("the guest did not boot cleanly: %s", strings.Join(errs, "; ")))
-	}
-	p.finish("agent")
-	cfg := agentproto.ConfigureRequest{Hostname: r.Hostname, Env: r.Env}
-	now := time.Now()
-	cfg.Time = &now
-	if len(r.TrustCA) > 0 {
-		// The perimeter's CA, for curl, git and OpenSSL-based tools: one round trip, no shell.
-		cfg.TrustCA = &agentproto.TrustCA{Path: api.CAPath, PEM: r.TrustCA}
-	}
-	if err := agent.Configure(bctx, cfg); err != nil {
-		return fail("configure", err)
-	}
-	for i, mnt := range r.Mounts {
-		if err := s.mount(bctx, agent, qemu.MountTag(i), mnt); err != nil {
-			return fail("mounts", err)
-		}
-	}
-	if err := mountVolumes(bctx, agent, r.Volumes); err != nil {
-		return fail("volumes", err)
-	}
-	for _, f := range r.Files {
-		if err := agent.CopyIn(bctx, agentproto.CopyInRequest{Path: f.Path, Mode: f.Mode, Size: int64(len(f.Data)), MkdirAll: true}, bytesReader(f.Data)); err != nil {
-			return fail("files", err)
-		}
-	}
-	p.finish("configure")
-	s.serve(m)
-	return api.StartResponse{PID: vm.Pid, Accel: vm.Accel, Steps: p.done}, nil
+	return s.newBoot(r).run(ctx, "start", coldBoot)
 }
 
 // dialAgent waits for the agent to answer on the virtio-serial channel, failing early if QEMU
@@ -270,14 +112,20 @@ func (s *Service) stopLocked(ctx context.Context, r api.IDRequest) (api.Empty, e
 			s.log.Warn().Str("sandbox", m.name).Msg("guest did not power off in time; killing it")
 		}
 	}
-	if !m.vm.Exited() {
-		m.vm.Kill()
-		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		m.vm.Wait(wctx)
-		cancel()
-	}
+	m.kill()
 	m.teardown()
 	return api.Empty{}, nil
+}
+
+// kill ends QEMU unless it has exited, and waits (bounded) until it is gone.
+func (m *machine) kill() {
+	if m.vm.Exited() {
+		return
+	}
+	m.vm.Kill()
+	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	m.vm.Wait(wctx)
+	cancel()
 }
 
 func (s *Service) pause(ctx context.Context, r api.IDRequest) (api.Empty, error) {
@@ -337,10 +185,7 @@ func (s *Service) adoptAll(ctx context.Context) {
 		cancel()
 		if err != nil {
 			m.stopping = true
-			vm.Kill()
-			wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-			vm.Wait(wctx)
-			wcancel()
+			m.kill()
 			m.teardown()
 			s.reportFailed(id, "the vmm restarted and the guest agent did not answer again; the VM was stopped")
 			continue

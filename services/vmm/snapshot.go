@@ -320,7 +320,7 @@ func (s *Service) loadSnapshot(name string) (api.SnapshotInfo, string, error) {
 	return info, dir, nil
 }
 
-// fork boots a new sandbox's VM from a snapshot.
+// fork boots a new sandbox's VM from a snapshot (restoreBoot).
 func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartResponse, error) {
 	s.snapMu.RLock()
 	defer s.snapMu.RUnlock()
@@ -341,92 +341,76 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 	if running {
 		return api.StartResponse{}, errdefs.Conflict("sandbox %s is already running", r.Name)
 	}
-	p := &steps{s: s, subject: r.Progress, last: time.Now()}
-	bf, err := s.prepare(ctx, p)
-	if err != nil {
-		return api.StartResponse{}, err
+	return s.newForkBoot(r, info, sdir).run(ctx, "fork", restoreBoot)
+}
+
+// newForkBoot is a restore of snapshot info (in sdir) into the new sandbox of r. The fork has
+// the parent's devices in the parent's order: the saved device state needs them.
+func (s *Service) newForkBoot(r api.ForkRequest, info api.SnapshotInfo, sdir string) *boot {
+	b := &boot{
+		s: s, id: r.ID, name: r.Name, hostname: r.Hostname, env: r.Env, image: info.Image,
+		memoryMiB: info.MemoryMiB, vcpus: info.VCPUs, netSocket: r.NetSocket, noPortForward: r.NoPortForward,
+		progress: r.Progress, snapshot: r.Snapshot, info: info, snapDir: sdir,
 	}
-	dir := s.cfg.Home.Sandbox(r.ID)
-	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err == nil {
-		return api.StartResponse{}, errdefs.Conflict("sandbox %s already has a disk; a fork needs a new sandbox", r.Name)
+	for _, mt := range info.Mounts {
+		b.mounts = append(b.mounts, api.Mount{Host: mt.Host, Guest: mt.Guest, ReadOnly: mt.ReadOnly, Remount: true})
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return api.StartResponse{}, wrap("disk", err)
+	return b
+}
+
+// forkDisk creates the fork's qcow2 overlay over the snapshot's disk.
+func (b *boot) forkDisk(ctx context.Context) error {
+	if _, err := os.Stat(filepath.Join(b.s.cfg.Home.Sandbox(b.id), "disk.qcow2")); err == nil {
+		return errdefs.Conflict("sandbox %s already has a disk; a fork needs a new sandbox", b.name)
 	}
-	if err := setPortForward(dir, !r.NoPortForward); err != nil {
-		return api.StartResponse{}, wrap("disk", err)
+	if err := b.sandboxDir(); err != nil {
+		return err
 	}
-	disk := filepath.Join(dir, "disk.qcow2")
-	if err := atomicfile.WriteFile(filepath.Join(dir, imageFile), []byte(info.Image+"\n"), 0o600); err != nil {
-		return api.StartResponse{}, wrap("disk", err)
+	if err := atomicfile.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.image+"\n"), 0o600); err != nil {
+		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, snapshotFile), []byte(r.Snapshot+"\n"), 0o600); err != nil {
-		return api.StartResponse{}, wrap("disk", err)
+	if err := atomicfile.WriteFile(filepath.Join(b.dir, snapshotFile), []byte(b.snapshot+"\n"), 0o600); err != nil {
+		return err
 	}
-	if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", diskFile(sdir), disk).CombinedOutput(); err != nil {
-		return api.StartResponse{}, wrap("disk", fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out))))
+	if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", diskFile(b.snapDir), b.disk).CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
 	}
-	p.finish("disk")
-	spec := qemu.VMSpec{
-		ID: r.ID, Dir: dir, Kernel: bf.kernel.VmlinuxPath, KernelVersion: bf.kernel.Version, Initrd: bf.initrd,
-		Hostname: r.Hostname, MemoryMiB: info.MemoryMiB, VCPUs: info.VCPUs, Disk: disk, NetSocket: r.NetSocket,
-		MAC: qemu.MACFor(info.ParentID), RAMPath: ramFile(sdir),
+	return nil
+}
+
+// copyVolumes gives the fork its own copies of the snapshot's volumes.
+func (b *boot) copyVolumes(ctx context.Context) error {
+	if len(b.info.Volumes) == 0 {
+		return errSkip
 	}
-	if spec.Kernel == "" {
-		spec.Kernel = bf.kernel.VmlinuzPath
-	}
-	var remount []int
-	for i, mt := range info.Mounts {
-		// The parent's devices, in its order: the saved device state needs them.
-		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: mt.Host, Tag: qemu.MountTag(i), ReadOnly: mt.ReadOnly, Guest: mt.Guest, Remount: true})
-		remount = append(remount, i)
-	}
-	for _, v := range info.Volumes {
-		dst := s.volumePath(r.ID, v.Name)
+	for _, v := range b.info.Volumes {
+		dst := b.s.volumePath(b.id, v.Name)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return api.StartResponse{}, wrap("volumes", err)
+			return err
 		}
-		if _, err := fsutil.CopySparse(snapVolume(sdir, v.Name), dst); err != nil {
-			return api.StartResponse{}, wrap("volumes", err)
+		if _, err := fsutil.CopySparse(snapVolume(b.snapDir, v.Name), dst); err != nil {
+			return err
 		}
-		spec.ExtraDisks = append(spec.ExtraDisks, qemu.Disk{Path: dst, Format: "raw"})
+		b.disks = append(b.disks, qemu.Disk{Path: dst, Format: "raw"})
 	}
-	vm, err := s.drv.Restore(ctx, spec, stateFile(sdir))
+	return nil
+}
+
+// restoreVM starts QEMU over the snapshot's RAM, mapped privately, and loads its device state.
+func (b *boot) restoreVM(ctx context.Context) error {
+	b.spec = b.machineSpec()
+	b.spec.MAC = qemu.MACFor(b.info.ParentID)
+	b.spec.RAMPath = ramFile(b.snapDir)
+	vm, err := b.s.drv.Restore(ctx, b.spec, stateFile(b.snapDir))
 	if err != nil {
-		return api.StartResponse{}, wrap("restore", err)
+		return err
 	}
-	m := &machine{id: r.ID, name: r.Name, dir: dir, vm: vm}
-	fail := func(step string, err error) (api.StartResponse, error) {
-		m.stopping = true
-		vm.Kill()
-		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		vm.Wait(wctx)
-		cancel()
-		m.teardown()
-		return api.StartResponse{}, wrap(step, err)
+	b.running(vm)
+	if vm.Accel != b.info.Accel {
+		b.killVM()
+		return errdefs.Unavailable("snapshot %s was taken under %s but this host runs %s", b.snapshot, b.info.Accel, vm.Accel)
 	}
-	if vm.Accel != info.Accel {
-		return fail("restore", errdefs.Unavailable("snapshot %s was taken under %s but this host runs %s", r.Snapshot, info.Accel, vm.Accel))
-	}
-	p.finish("restore")
-	bctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
-	defer cancel()
-	agent, err := s.dialAgent(bctx, m)
-	if err != nil {
-		return fail("agent", err)
-	}
-	m.agent = agent
-	p.finish("agent")
-	now := time.Now()
-	if err := agent.Configure(bctx, agentproto.ConfigureRequest{Hostname: r.Hostname, Env: r.Env, Time: &now}); err != nil {
-		return fail("configure", err)
-	}
-	if err := s.remount(bctx, agent, spec, remount); err != nil {
-		return fail("mounts", err)
-	}
-	p.finish("configure")
-	s.serve(m)
-	return api.StartResponse{PID: vm.Pid, Accel: vm.Accel, Steps: p.done}, nil
+	return nil
 }
 
 // children are the ids of running VMs that map the snapshot's RAM.

@@ -34,25 +34,26 @@ func (s *Service) volumePath(id, name string) string {
 	return filepath.Join(s.volumeDir(id), name+".ext4")
 }
 
-// attachVolumes creates missing volume images and adds them to spec as extra disks, in order.
-func (s *Service) attachVolumes(ctx context.Context, id string, vols []api.Volume, spec *qemu.VMSpec) error {
+// attachVolumes creates missing volume images and returns their disks, in order.
+func (s *Service) attachVolumes(ctx context.Context, id string, vols []api.Volume) ([]qemu.Disk, error) {
+	var disks []qemu.Disk
 	seen := map[string]bool{}
 	for _, v := range vols {
 		if !volumeNameRe.MatchString(v.Name) || seen[v.Name] {
-			return errdefs.Invalid("volume name %q must be unique, 1-63 of a-z 0-9 _ -", v.Name)
+			return nil, errdefs.Invalid("volume name %q must be unique, 1-63 of a-z 0-9 _ -", v.Name)
 		}
 		seen[v.Name] = true
 		p := s.volumePath(id, v.Name)
 		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
 			if err := makeVolume(ctx, p, v.SizeMiB); err != nil {
-				return err
+				return nil, err
 			}
 		} else if err != nil {
-			return err
+			return nil, err
 		}
-		spec.ExtraDisks = append(spec.ExtraDisks, qemu.Disk{Path: p, Format: "raw"})
+		disks = append(disks, qemu.Disk{Path: p, Format: "raw"})
 	}
-	return nil
+	return disks, nil
 }
 
 // makeVolume writes a sparse ext4 image atomically (temp file + rename).

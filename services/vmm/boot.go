@@ -1,0 +1,384 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/agentproto"
+	api "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/image"
+	"github.com/IniZio/nexus/services/vmm/initramfs"
+	"github.com/IniZio/nexus/services/vmm/kernel"
+	"github.com/IniZio/nexus/services/vmm/qemu"
+)
+
+// Boot is data (firecracker-go-sdk's handlers are the model): a cold boot and a restore from a
+// snapshot are lists of named steps run in order over one boot. Each step's name is what the
+// create progress bar shows when it finishes and what an error says when it fails
+// ("start: qemu: …"); when a step fails, the undos of the steps before it run in reverse, so a
+// failed boot leaves no QEMU, socket or agent channel behind.
+//
+//	cold boot  kernel initramfs image disk volumes qemu    agent configure mounts files
+//	restore    kernel initramfs       disk volumes restore agent configure mounts files
+var (
+	coldBoot    = concatSteps(prepareSteps, coldSteps, guestSteps)
+	restoreBoot = concatSteps(prepareSteps, restoreSteps, guestSteps)
+)
+
+// prepareSteps fetch the kernel and build the initramfs, once per service lifetime.
+var prepareSteps = []bootStep{
+	{name: "kernel", run: (*boot).fetchKernel},
+	{name: "initramfs", run: (*boot).buildInitramfs},
+}
+
+// coldSteps create the sandbox's disk and start QEMU on it.
+var coldSteps = []bootStep{
+	{name: "image", run: (*boot).findImage},
+	{name: "disk", run: (*boot).newDisk},
+	{name: "volumes", run: (*boot).attachVolumes},
+	{name: "qemu", run: (*boot).startVM, undo: (*boot).killVM},
+}
+
+// restoreSteps create a fork's disk over the snapshot's and restore the snapshot's VM (snapshot.go).
+var restoreSteps = []bootStep{
+	{name: "disk", run: (*boot).forkDisk},
+	{name: "volumes", run: (*boot).copyVolumes},
+	{name: "restore", run: (*boot).restoreVM, undo: (*boot).killVM},
+}
+
+// guestSteps reach the agent of a running VM and give the guest what it needs before use.
+var guestSteps = []bootStep{
+	{name: "agent", run: (*boot).dialAgent},
+	{name: "configure", run: (*boot).configure},
+	{name: "mounts", run: (*boot).mount},
+	{name: "files", run: (*boot).copyFiles},
+}
+
+// bootStep is one named step of a boot. run does the work, or returns errSkip when there is
+// nothing to do (the step is then not reported); undo, when set, reverses a step that ran if a
+// later one fails. A step that fails cleans up after itself.
+type bootStep struct {
+	name string
+	run  func(*boot, context.Context) error
+	undo func(*boot)
+}
+
+// errSkip is what a step returns when it had nothing to do.
+var errSkip = errors.New("nothing to do")
+
+func concatSteps(lists ...[]bootStep) []bootStep {
+	var out []bootStep
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// runSteps runs steps over b in order, telling finished of each that did something. When one
+// fails, the undos of the steps that ran before it (not those skipped) run in reverse and the error names the step
+// as "<op>: <step>: <error>". Invalid and conflict errors already are a sentence for the user and
+// come back as they are.
+func runSteps(ctx context.Context, op string, steps []bootStep, b *boot, finished func(step string)) error {
+	var ran []bootStep
+	for _, st := range steps {
+		err := st.run(b, ctx)
+		if errors.Is(err, errSkip) {
+			continue
+		}
+		if err != nil {
+			for i := len(ran) - 1; i >= 0; i-- {
+				if ran[i].undo != nil {
+					ran[i].undo(b)
+				}
+			}
+			if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrConflict) {
+				return err
+			}
+			return fmt.Errorf("%s: %s: %w", op, st.name, err)
+		}
+		ran = append(ran, st)
+		finished(st.name)
+	}
+	return nil
+}
+
+// bootFiles are the kernel and initramfs every guest boots.
+type bootFiles struct {
+	kernel *kernel.Kernel
+	initrd string
+}
+
+// boot is one boot in progress: what was asked, and what the steps made so far.
+type boot struct {
+	s *Service
+
+	// What the VM is booted with; a fork takes image, memory, vCPUs and mounts from its snapshot
+	// (newForkBoot), and its volumes are the snapshot's.
+	id, name      string
+	hostname      string
+	env           map[string]string
+	image         string
+	memoryMiB     int
+	vcpus         int
+	mounts        []api.Mount
+	volumes       []api.Volume
+	netSocket     string
+	noPortForward bool
+	files         []api.File
+	trustCA       []byte
+	progress      string
+
+	// A fork's snapshot (snapshot.go).
+	snapshot string
+	info     api.SnapshotInfo
+	snapDir  string
+
+	// Made by the steps.
+	kern     *kernel.Kernel
+	initrd   string
+	base     string // the root image
+	dir      string // the sandbox directory
+	disk     string
+	disks    []qemu.Disk // the volumes' disks
+	spec     qemu.VMSpec // what QEMU was started with
+	m        *machine
+	deadline time.Time // the guest steps end by then: BootTimeout after QEMU started
+}
+
+// newBoot is a cold boot of r.
+func (s *Service) newBoot(r api.StartRequest) *boot {
+	return &boot{
+		s: s, id: r.ID, name: r.Name, hostname: r.Hostname, env: r.Env, image: r.Image,
+		memoryMiB: r.MemoryMiB, vcpus: r.VCPUs, mounts: r.Mounts, volumes: r.Volumes,
+		netSocket: r.NetSocket, noPortForward: r.NoPortForward, files: r.Files, trustCA: r.TrustCA,
+		progress: r.Progress,
+	}
+}
+
+// reporter sends named boot steps to a progress subject as they finish, and keeps them.
+type reporter struct {
+	s       *Service
+	subject string
+	last    time.Time
+	done    []api.Step
+}
+
+func (p *reporter) finish(name string) {
+	now := time.Now()
+	st := api.Step{Name: name, Millis: now.Sub(p.last).Milliseconds(), Done: true}
+	p.last = now
+	p.done = append(p.done, st)
+	if p.subject != "" {
+		b, _ := json.Marshal(st)
+		p.s.cfg.Bus.Publish(p.subject, b)
+	}
+}
+
+// run boots b with steps, reports each step to b's progress subject, and serves the machine.
+func (b *boot) run(ctx context.Context, op string, steps []bootStep) (api.StartResponse, error) {
+	p := &reporter{s: b.s, subject: b.progress, last: time.Now()}
+	if err := runSteps(ctx, op, steps, b, p.finish); err != nil {
+		return api.StartResponse{}, err
+	}
+	b.s.serve(b.m)
+	return api.StartResponse{PID: b.m.vm.Pid, Accel: b.m.vm.Accel, Steps: p.done}, nil
+}
+
+// lockPrepared takes the lock of kernel and initramfs preparation; ready says an earlier boot
+// prepared both, and b has them.
+func (b *boot) lockPrepared() (unlock func(), ready bool) {
+	b.s.bootMu.Lock()
+	if bf := b.s.boot; bf != nil {
+		b.kern, b.initrd = bf.kernel, bf.initrd
+		ready = true
+	}
+	return b.s.bootMu.Unlock, ready
+}
+
+// fetchKernel fetches the guest kernel; the kernel and initramfs are cached on disk by their inputs
+// and in memory once both are ready, so a boot after the first skips both steps.
+func (b *boot) fetchKernel(ctx context.Context) error {
+	unlock, ready := b.lockPrepared()
+	defer unlock()
+	if ready {
+		return errSkip
+	}
+	k, err := kernel.Ensure(ctx, b.s.cfg.CacheDir, nil)
+	if err != nil {
+		return err
+	}
+	b.kern = k
+	return nil
+}
+
+// buildInitramfs builds the initramfs whose /init is the guest agent.
+func (b *boot) buildInitramfs(ctx context.Context) error {
+	unlock, ready := b.lockPrepared()
+	defer unlock()
+	if ready {
+		return errSkip
+	}
+	s := b.s
+	initrd, err := initramfs.Build(b.kern, s.cfg.AgentPath, initramfs.DefaultModules, filepath.Join(s.cfg.CacheDir, "initramfs"))
+	if err != nil {
+		return err
+	}
+	b.initrd = initrd
+	s.boot = &bootFiles{kernel: b.kern, initrd: initrd}
+	return nil
+}
+
+// findImage finds the root image, building a built-in one on first use.
+func (b *boot) findImage(ctx context.Context) error {
+	base, err := b.s.ensureImage(ctx, b.image, b.progress)
+	b.base = base
+	return err
+}
+
+// sandboxDir creates the sandbox directory and records whether its listeners are forwarded.
+func (b *boot) sandboxDir() error {
+	b.dir = b.s.cfg.Home.Sandbox(b.id)
+	b.disk = filepath.Join(b.dir, "disk.qcow2")
+	if err := os.MkdirAll(b.dir, 0o700); err != nil {
+		return err
+	}
+	return setPortForward(b.dir, !b.noPortForward)
+}
+
+// newDisk creates the sandbox's qcow2 overlay over the base image; a stopped sandbox boots again
+// on the disk it had.
+func (b *boot) newDisk(ctx context.Context) error {
+	if err := b.sandboxDir(); err != nil {
+		return err
+	}
+	if _, err := os.Stat(b.disk); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.image+"\n"), 0o600); err != nil {
+		return err
+	}
+	return image.NewOverlay(b.base, b.disk)
+}
+
+// machineSpec is the VM every boot starts: the kernel, the disk and the sandbox's devices.
+func (b *boot) machineSpec() qemu.VMSpec {
+	spec := qemu.VMSpec{
+		ID: b.id, Dir: b.dir, Kernel: b.kern.VmlinuxPath, KernelVersion: b.kern.Version, Initrd: b.initrd,
+		Hostname: b.hostname, MemoryMiB: b.memoryMiB, VCPUs: b.vcpus, Disk: b.disk, NetSocket: b.netSocket,
+	}
+	if spec.Kernel == "" {
+		spec.Kernel = b.kern.VmlinuzPath
+	}
+	for i, m := range b.mounts {
+		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: m.Host, Tag: qemu.MountTag(i), ReadOnly: m.ReadOnly,
+			Guest: m.Guest, Remount: m.Remount})
+	}
+	spec.ExtraDisks = b.disks
+	return spec
+}
+
+// attachVolumes creates the named volumes that do not exist yet and adds them as disks.
+func (b *boot) attachVolumes(ctx context.Context) error {
+	if len(b.volumes) == 0 {
+		return errSkip
+	}
+	disks, err := b.s.attachVolumes(ctx, b.id, b.volumes)
+	b.disks = disks
+	return err
+}
+
+// startVM starts QEMU.
+func (b *boot) startVM(ctx context.Context) error {
+	b.spec = b.machineSpec()
+	if b.netSocket != "" {
+		b.spec.Net = &qemu.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
+	}
+	vm, err := b.s.drv.Start(ctx, b.spec)
+	if err != nil {
+		return err
+	}
+	b.running(vm)
+	return nil
+}
+
+// running records the VM a step started.
+func (b *boot) running(vm *qemu.VM) {
+	b.m = &machine{id: b.id, name: b.name, dir: b.dir, vm: vm}
+	b.deadline = time.Now().Add(b.s.cfg.BootTimeout)
+}
+
+// killVM is the undo of starting or restoring the VM: it kills QEMU and releases the host side.
+func (b *boot) killVM() {
+	b.m.stopping = true
+	b.m.kill()
+	b.m.teardown()
+}
+
+// dialAgent waits for the guest agent's handshake.
+func (b *boot) dialAgent(ctx context.Context) error {
+	ctx, cancel := context.WithDeadline(ctx, b.deadline)
+	defer cancel()
+	agent, err := b.s.dialAgent(ctx, b.m)
+	if err != nil {
+		return err
+	}
+	b.m.agent = agent
+	if errs := agent.Agent().BootErrors; len(errs) > 0 {
+		return fmt.Errorf("the guest did not boot cleanly: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// configure gives the guest its hostname, environment, clock and, when set, the perimeter's CA.
+func (b *boot) configure(ctx context.Context) error {
+	ctx, cancel := context.WithDeadline(ctx, b.deadline)
+	defer cancel()
+	now := time.Now()
+	cfg := agentproto.ConfigureRequest{Hostname: b.hostname, Env: b.env, Time: &now}
+	if len(b.trustCA) > 0 {
+		// The perimeter's CA, for curl, git and OpenSSL-based tools: one round trip, no shell.
+		cfg.TrustCA = &agentproto.TrustCA{Path: api.CAPath, PEM: b.trustCA}
+	}
+	return b.m.agent.Configure(ctx, cfg)
+}
+
+// mount mounts the 9p shares and the named volumes in the guest. A restored guest has its
+// volumes mounted already (b.volumes is empty); its shares were dropped for the snapshot.
+func (b *boot) mount(ctx context.Context) error {
+	if len(b.spec.Mounts) == 0 && len(b.volumes) == 0 {
+		return errSkip
+	}
+	ctx, cancel := context.WithDeadline(ctx, b.deadline)
+	defer cancel()
+	all := make([]int, len(b.spec.Mounts))
+	for i := range all {
+		all[i] = i
+	}
+	if err := b.s.remount(ctx, b.m.agent, b.spec, all); err != nil {
+		return err
+	}
+	return mountVolumes(ctx, b.m.agent, b.volumes)
+}
+
+// copyFiles writes the request's files into the guest.
+func (b *boot) copyFiles(ctx context.Context) error {
+	if len(b.files) == 0 {
+		return errSkip
+	}
+	ctx, cancel := context.WithDeadline(ctx, b.deadline)
+	defer cancel()
+	for _, f := range b.files {
+		req := agentproto.CopyInRequest{Path: f.Path, Mode: f.Mode, Size: int64(len(f.Data)), MkdirAll: true}
+		if err := b.m.agent.CopyIn(ctx, req, bytesReader(f.Data)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
