@@ -230,7 +230,7 @@ func bootDirect(b *testing.B, id string, netdev []string) shell {
 	if errs := agent.Agent().BootErrors; len(errs) > 0 {
 		b.Fatalf("guest boot: %s", strings.Join(errs, "; "))
 	}
-	b.Logf("%s: qemu pid %d, accel %s", id, vm.Pid, vm.Accel)
+	b.Logf("%s: qemu pid %d, accel %s", id, vm.Pid(), vm.Accel())
 	return func(ctx context.Context, script string) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()

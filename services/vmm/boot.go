@@ -13,10 +13,10 @@ import (
 	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
 	"github.com/IniZio/nexus/services/vmm/kernel"
-	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
 // Boot is data (firecracker-go-sdk's handlers are the model): a cold boot and a restore from a
@@ -38,7 +38,7 @@ var prepareSteps = []bootStep{
 	{name: "initramfs", run: (*boot).buildInitramfs},
 }
 
-// coldSteps create the sandbox's disk and start QEMU on it.
+// coldSteps create the sandbox's disk and start the VM on it.
 var coldSteps = []bootStep{
 	{name: "image", run: (*boot).findImage},
 	{name: "disk", run: (*boot).newDisk},
@@ -146,10 +146,10 @@ type boot struct {
 	base     string // the root image
 	dir      string // the sandbox directory
 	disk     string
-	disks    []qemu.Disk // the volumes' disks
-	spec     qemu.VMSpec // what QEMU was started with
+	disks    []hypervisor.Disk // the volumes' disks
+	spec     hypervisor.Spec   // what the VM was started with
 	m        *machine
-	deadline time.Time // the guest steps end by then: BootTimeout after QEMU started
+	deadline time.Time // the guest steps end by then: BootTimeout after the VM started
 }
 
 // newBoot is a cold boot of r.
@@ -188,7 +188,7 @@ func (b *boot) run(ctx context.Context, op string, steps []bootStep) (api.StartR
 		return api.StartResponse{}, err
 	}
 	b.s.serve(b.m)
-	return api.StartResponse{PID: b.m.vm.Pid, Accel: b.m.vm.Accel, Steps: p.done}, nil
+	return api.StartResponse{PID: b.m.vm.Pid(), Accel: b.m.vm.Accel(), Steps: p.done}, nil
 }
 
 // lockPrepared takes the lock of kernel and initramfs preparation; ready says an earlier boot
@@ -268,8 +268,8 @@ func (b *boot) newDisk(ctx context.Context) error {
 }
 
 // machineSpec is the VM every boot starts: the kernel, the disk and the sandbox's devices.
-func (b *boot) machineSpec() qemu.VMSpec {
-	spec := qemu.VMSpec{
+func (b *boot) machineSpec() hypervisor.Spec {
+	spec := hypervisor.Spec{
 		ID: b.id, Dir: b.dir, Kernel: b.kern.VmlinuxPath, KernelVersion: b.kern.Version, Initrd: b.initrd,
 		Hostname: b.hostname, MemoryMiB: b.memoryMiB, VCPUs: b.vcpus, Disk: b.disk, NetSocket: b.netSocket,
 	}
@@ -277,7 +277,7 @@ func (b *boot) machineSpec() qemu.VMSpec {
 		spec.Kernel = b.kern.VmlinuzPath
 	}
 	for i, m := range b.mounts {
-		spec.Mounts = append(spec.Mounts, qemu.Mount{HostPath: m.Host, Tag: qemu.MountTag(i), ReadOnly: m.ReadOnly,
+		spec.Mounts = append(spec.Mounts, hypervisor.Mount{HostPath: m.Host, Tag: hypervisor.MountTag(i), ReadOnly: m.ReadOnly,
 			Guest: m.Guest, Remount: m.Remount})
 	}
 	spec.ExtraDisks = b.disks
@@ -294,11 +294,11 @@ func (b *boot) attachVolumes(ctx context.Context) error {
 	return err
 }
 
-// startVM starts QEMU.
+// startVM starts the VM on the driver (QEMU today, hence the step name).
 func (b *boot) startVM(ctx context.Context) error {
 	b.spec = b.machineSpec()
 	if b.netSocket != "" {
-		b.spec.Net = &qemu.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
+		b.spec.Net = &hypervisor.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
 	}
 	vm, err := b.s.drv.Start(ctx, b.spec)
 	if err != nil {
@@ -309,12 +309,12 @@ func (b *boot) startVM(ctx context.Context) error {
 }
 
 // running records the VM a step started.
-func (b *boot) running(vm *qemu.VM) {
+func (b *boot) running(vm hypervisor.VM) {
 	b.m = &machine{id: b.id, name: b.name, dir: b.dir, vm: vm}
 	b.deadline = time.Now().Add(b.s.cfg.BootTimeout)
 }
 
-// killVM is the undo of starting or restoring the VM: it kills QEMU and releases the host side.
+// killVM is the undo of starting or restoring the VM: it kills it and releases the host side.
 func (b *boot) killVM() {
 	b.m.stopping = true
 	b.m.kill()

@@ -5,9 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 
+	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
+	"github.com/IniZio/nexus/services/vmm/kernel"
 )
 
 // fakeSteps are n steps s1…sn that log their runs and undos; step fail fails with err, and the
@@ -116,5 +122,102 @@ func TestBootStepNames(t *testing.T) {
 				t.Errorf("step %s starts a VM but has no undo", st.name)
 			}
 		}
+	}
+}
+
+// fakeDriver starts fakeVMs that never answer as a guest.
+type fakeDriver struct{ vms []*fakeVM }
+
+func (d *fakeDriver) Start(ctx context.Context, spec hypervisor.Spec) (hypervisor.VM, error) {
+	vm := &fakeVM{spec: spec, done: make(chan struct{})}
+	d.vms = append(d.vms, vm)
+	vm.log = append(vm.log, "start")
+	return vm, nil
+}
+
+func (d *fakeDriver) Restore(ctx context.Context, spec hypervisor.Spec, state string) (hypervisor.VM, error) {
+	return nil, errors.New("fake: no restore")
+}
+
+func (d *fakeDriver) Adopt(ctx context.Context, dir string) (hypervisor.VM, error) {
+	return nil, errdefs.NotFound("fake: nothing to adopt")
+}
+
+type fakeVM struct {
+	spec hypervisor.Spec
+	done chan struct{}
+	log  []string
+}
+
+func (v *fakeVM) Pid() int                                        { return 4242 }
+func (v *fakeVM) Accel() string                                   { return "tcg" }
+func (v *fakeVM) Started() time.Time                              { return time.Time{} }
+func (v *fakeVM) Spec() hypervisor.Spec                           { return v.spec }
+func (v *fakeVM) RAMPath() string                                 { return "" }
+func (v *fakeVM) Done() <-chan struct{}                           { return v.done }
+func (v *fakeVM) Pause(context.Context) error                     { return nil }
+func (v *fakeVM) Resume(context.Context) error                    { return nil }
+func (v *fakeVM) Paused(context.Context) (bool, error)            { return false, nil }
+func (v *fakeVM) SaveState(context.Context, string) error         { return nil }
+func (v *fakeVM) AgentPortOpened(context.Context) <-chan struct{} { return nil }
+func (v *fakeVM) Close() error                                    { v.log = append(v.log, "close"); return nil }
+func (v *fakeVM) Cleanup() error                                  { v.log = append(v.log, "cleanup"); return nil }
+
+func (v *fakeVM) Exited() bool {
+	select {
+	case <-v.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (v *fakeVM) Wait(ctx context.Context) error {
+	select {
+	case <-v.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (v *fakeVM) Kill() error {
+	v.log = append(v.log, "kill")
+	if !v.Exited() {
+		close(v.done)
+	}
+	return nil
+}
+
+// TestColdBootAgentFailureKillsVM runs the cold boot's steps from qemu on over a fake driver
+// whose guest never answers: the agent step fails, the qemu step's undo kills the VM and releases
+// it, and the error names the agent step.
+func TestColdBootAgentFailureKillsVM(t *testing.T) {
+	drv := &fakeDriver{}
+	s := &Service{cfg: Config{Home: home.Dir(t.TempDir()), BootTimeout: 300 * time.Millisecond}, drv: drv, vms: map[string]*machine{}}
+	b := s.newBoot(api.StartRequest{ID: "fake", Name: "fake", MemoryMiB: 256, VCPUs: 1})
+	b.kern, b.initrd, b.dir = &kernel.Kernel{VmlinuxPath: "/k"}, "/i", s.cfg.Home.Sandbox("fake")
+	var steps []bootStep
+	for i, st := range coldBoot {
+		if st.name == "qemu" {
+			steps = coldBoot[i:]
+		}
+	}
+	var finished []string
+	err := runSteps(context.Background(), "start", steps, b, func(s string) { finished = append(finished, s) })
+	if err == nil || !strings.HasPrefix(err.Error(), "start: agent: the guest agent did not answer") {
+		t.Fatalf("error %v, want start: agent: …", err)
+	}
+	if len(drv.vms) != 1 {
+		t.Fatalf("%d VMs started, want 1", len(drv.vms))
+	}
+	if got, want := drv.vms[0].log, []string{"start", "kill", "cleanup", "close"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("VM saw %q, want %q", got, want)
+	}
+	if want := []string{"qemu"}; !reflect.DeepEqual(finished, want) {
+		t.Errorf("reported %q, want %q", finished, want)
+	}
+	if len(s.vms) != 0 {
+		t.Errorf("a failed boot registered its machine: %v", s.vms)
 	}
 }

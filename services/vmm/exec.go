@@ -17,7 +17,7 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/stream"
 	"github.com/IniZio/nexus/services/vmm/guest"
-	"github.com/IniZio/nexus/services/vmm/qemu"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // MaxArgvBytes bounds the command line a caller may send.
@@ -222,7 +222,7 @@ func (s *Service) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse
 		}
 		return api.LogsResponse{Data: b, NextOffset: int64(len(b))}, nil
 	}
-	f, err := os.Open(qemu.ConsoleLog(s.cfg.Home.Sandbox(r.ID)))
+	f, err := os.Open(hypervisor.ConsoleLog(s.cfg.Home.Sandbox(r.ID)))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return api.LogsResponse{NextOffset: 0}, nil

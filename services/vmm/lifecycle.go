@@ -15,7 +15,7 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/guest"
-	"github.com/IniZio/nexus/services/vmm/qemu"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // start boots the VM of a sandbox (coldBoot) and returns once its agent answered and is
@@ -45,12 +45,12 @@ func (s *Service) dialAgent(ctx context.Context, m *machine) (*guest.Client, err
 		case <-ctx.Done():
 		}
 	}()
-	c, err := guest.DialConfig(ctx, qemu.AgentSocket(m.dir), guest.Config{Logger: zerolog.Nop(), PortOpened: m.vm.QMP.PortOpened(ctx)})
+	c, err := guest.DialConfig(ctx, hypervisor.AgentSocket(m.dir), guest.Config{Logger: zerolog.Nop(), PortOpened: m.vm.AgentPortOpened(ctx)})
 	if err != nil {
 		if m.vm.Exited() {
-			return nil, fmt.Errorf("the VM exited during boot: %s", tail(qemu.ConsoleLog(m.dir), 400))
+			return nil, fmt.Errorf("the VM exited during boot: %s", tail(hypervisor.ConsoleLog(m.dir), 400))
 		}
-		return nil, fmt.Errorf("the guest agent did not answer within %s: %w (console: %s)", s.cfg.BootTimeout, err, tail(qemu.ConsoleLog(m.dir), 400))
+		return nil, fmt.Errorf("the guest agent did not answer within %s: %w (console: %s)", s.cfg.BootTimeout, err, tail(hypervisor.ConsoleLog(m.dir), 400))
 	}
 	return c, nil
 }
@@ -181,7 +181,7 @@ func (s *Service) adoptAll(ctx context.Context) {
 		}
 		m := &machine{id: id, name: id, dir: dir, vm: vm}
 		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		agent, err := guest.Dial(actx, qemu.AgentSocket(dir))
+		agent, err := guest.Dial(actx, hypervisor.AgentSocket(dir))
 		cancel()
 		if err != nil {
 			m.stopping = true
@@ -192,7 +192,7 @@ func (s *Service) adoptAll(ctx context.Context) {
 		}
 		m.agent = agent
 		s.serve(m)
-		s.log.Info().Str("id", id).Int("pid", vm.Pid).Msg("adopted running vm")
+		s.log.Info().Str("id", id).Int("pid", vm.Pid()).Msg("adopted running vm")
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/services/vmm/guest"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
@@ -34,7 +35,9 @@ type Config struct {
 	Version string
 	// AgentPath is the static guest agent binary; default nexus-agent beside this executable.
 	AgentPath string
-	QEMU      qemu.Config
+	// Driver runs the VMs; default QEMU, configured by QEMU.
+	Driver Driver
+	QEMU   qemu.Config
 	// CacheDir holds downloads (kernel, busybox, debootstrap debs) and built images' copies;
 	// default $NEXUS_HOME/cache. Many homes (tests, CI) may share one.
 	CacheDir string
@@ -48,7 +51,7 @@ type Config struct {
 type Service struct {
 	cfg Config
 	log zerolog.Logger
-	drv *qemu.Driver
+	drv Driver
 
 	bootMu sync.Mutex // serialises kernel and initramfs preparation
 	boot   *bootFiles
@@ -84,15 +87,18 @@ func New(cfg Config) (*Service, error) {
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return nil, errdefs.Unavailable("vmm: the guest agent %s is missing: build it with `make build`", cfg.AgentPath)
 	}
-	if cfg.QEMU.CacheDir == "" {
-		cfg.QEMU.CacheDir = cfg.CacheDir
+	if cfg.Driver == nil {
+		if cfg.QEMU.CacheDir == "" {
+			cfg.QEMU.CacheDir = cfg.CacheDir
+		}
+		cfg.QEMU.Logger = cfg.Log
+		drv, err := qemu.New(cfg.QEMU)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Driver = drv
 	}
-	cfg.QEMU.Logger = cfg.Log
-	drv, err := qemu.New(cfg.QEMU)
-	if err != nil {
-		return nil, err
-	}
-	return &Service{cfg: cfg, log: cfg.Log, drv: drv, vms: map[string]*machine{}}, nil
+	return &Service{cfg: cfg, log: cfg.Log, drv: cfg.Driver, vms: map[string]*machine{}}, nil
 }
 
 // Run adopts the VMs left running by an earlier vmm, registers the endpoints and serves.
@@ -134,7 +140,7 @@ func (s *Service) Run(ctx context.Context) error {
 type machine struct {
 	id, name string
 	dir      string
-	vm       *qemu.VM
+	vm       hypervisor.VM
 	agent    *guest.Client
 	cancel   context.CancelFunc // ends the hybrid-vsock server and the watcher
 	stopping bool               // a stop or remove is under way: exits are expected
@@ -179,7 +185,7 @@ loop:
 			if ctx.Err() != nil {
 				return
 			}
-			if st, qerr := m.vm.Status(ctx); qerr == nil && (st == "paused" || st == "postmigrate") { // postmigrate: paused when snapshotted
+			if paused, qerr := m.vm.Paused(ctx); qerr == nil && paused {
 				missed = 0 // a paused guest cannot answer
 				continue
 			}
@@ -235,8 +241,8 @@ func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, err
 }
 
 func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
-	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid, Started: m.vm.Started, RSSBytes: rss(m.vm.Pid)}
-	if st, err := m.vm.Status(ctx); err == nil && (st == "paused" || st == "postmigrate") {
+	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid(), Started: m.vm.Started(), RSSBytes: rss(m.vm.Pid())}
+	if paused, err := m.vm.Paused(ctx); err == nil && paused {
 		vi.Paused = true
 	}
 	return vi

@@ -20,9 +20,9 @@ import (
 	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/guest"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/internal/fsutil"
-	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
 // Snapshots and forks (DESIGN §4). A snapshot of a running sandbox is a directory
@@ -90,7 +90,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	img, _ := os.ReadFile(filepath.Join(m.dir, imageFile))
 	info := api.SnapshotInfo{
 		Name: r.Snapshot, Host: s.cfg.Host, ParentID: m.id, Image: strings.TrimSpace(string(img)),
-		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: m.vm.Accel, Net: spec.NetSocket != "",
+		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: m.vm.Accel(), Net: spec.NetSocket != "",
 		KernelVersion: spec.KernelVersion, Created: time.Now().UTC(),
 	}
 	for _, d := range spec.ExtraDisks {
@@ -113,11 +113,10 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 			os.RemoveAll(tmp)
 		}
 	}()
-	st, err := m.vm.Status(ctx)
+	wasPaused, err := m.vm.Paused(ctx)
 	if err != nil {
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
-	wasPaused := st == "paused" || st == "postmigrate" // postmigrate: paused, and snapshotted before
 	if wasPaused && len(remount) > 0 {
 		return api.SnapshotInfo{}, errdefs.Conflict("snapshot %s: sandbox %s is paused with %s mounted from the host; resume it first (the mount is dropped for the snapshot and mounted again)",
 			r.Snapshot, m.name, spec.Mounts[remount[0]].Guest)
@@ -168,7 +167,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 }
 
 // capture writes state, RAM, disk and volumes of a stopped-by-SaveState VM into dir.
-func (s *Service) capture(ctx context.Context, m *machine, spec qemu.VMSpec, dir string, info *api.SnapshotInfo) error {
+func (s *Service) capture(ctx context.Context, m *machine, spec hypervisor.Spec, dir string, info *api.SnapshotInfo) error {
 	if err := m.vm.SaveState(ctx, stateFile(dir)); err != nil {
 		return err
 	}
@@ -204,7 +203,7 @@ func (s *Service) capture(ctx context.Context, m *machine, spec qemu.VMSpec, dir
 
 // splitMounts sorts a sandbox's 9p mounts (indices into spec.Mounts) into those a snapshot may
 // drop and mount again and those that refuse it.
-func splitMounts(spec qemu.VMSpec) (remount, fixed []int) {
+func splitMounts(spec hypervisor.Spec) (remount, fixed []int) {
 	for i, mt := range spec.Mounts {
 		if mt.Remount && mt.Guest != "" {
 			remount = append(remount, i)
@@ -217,7 +216,7 @@ func splitMounts(spec qemu.VMSpec) (remount, fixed []int) {
 
 // unmountForSnapshot drops the mounts idx in the guest; if one cannot be dropped (busy), those
 // already dropped are mounted again and the snapshot is refused.
-func (s *Service) unmountForSnapshot(ctx context.Context, m *machine, spec qemu.VMSpec, idx []int) error {
+func (s *Service) unmountForSnapshot(ctx context.Context, m *machine, spec hypervisor.Spec, idx []int) error {
 	var done []int
 	for _, i := range idx {
 		g := spec.Mounts[i].Guest
@@ -238,7 +237,7 @@ func (s *Service) unmountForSnapshot(ctx context.Context, m *machine, spec qemu.
 }
 
 // remount mounts spec.Mounts[idx] in the guest again.
-func (s *Service) remount(ctx context.Context, agent *guest.Client, spec qemu.VMSpec, idx []int) error {
+func (s *Service) remount(ctx context.Context, agent *guest.Client, spec hypervisor.Spec, idx []int) error {
 	var errs []error
 	for _, i := range idx {
 		mt := spec.Mounts[i]
@@ -250,7 +249,7 @@ func (s *Service) remount(ctx context.Context, agent *guest.Client, spec qemu.VM
 }
 
 // mountRefusal names the host→guest pairs of the sandbox's 9p mounts idx.
-func (s *Service) mountRefusal(ctx context.Context, m *machine, spec qemu.VMSpec, idx []int, op string) error {
+func (s *Service) mountRefusal(ctx context.Context, m *machine, spec hypervisor.Spec, idx []int, op string) error {
 	// The guest's answer is untrusted: bounded, and only used to name mount points.
 	guestOf := map[string]string{}
 	out := &capped{max: 64 << 10}
@@ -391,24 +390,24 @@ func (b *boot) copyVolumes(ctx context.Context) error {
 		if _, err := fsutil.CopySparse(snapVolume(b.snapDir, v.Name), dst); err != nil {
 			return err
 		}
-		b.disks = append(b.disks, qemu.Disk{Path: dst, Format: "raw"})
+		b.disks = append(b.disks, hypervisor.Disk{Path: dst, Format: "raw"})
 	}
 	return nil
 }
 
-// restoreVM starts QEMU over the snapshot's RAM, mapped privately, and loads its device state.
+// restoreVM starts a VM over the snapshot's RAM, mapped privately, and loads its device state.
 func (b *boot) restoreVM(ctx context.Context) error {
 	b.spec = b.machineSpec()
-	b.spec.MAC = qemu.MACFor(b.info.ParentID)
+	b.spec.MAC = hypervisor.MACFor(b.info.ParentID)
 	b.spec.RAMPath = ramFile(b.snapDir)
 	vm, err := b.s.drv.Restore(ctx, b.spec, stateFile(b.snapDir))
 	if err != nil {
 		return err
 	}
 	b.running(vm)
-	if vm.Accel != b.info.Accel {
+	if vm.Accel() != b.info.Accel {
 		b.killVM()
-		return errdefs.Unavailable("snapshot %s was taken under %s but this host runs %s", b.snapshot, b.info.Accel, vm.Accel)
+		return errdefs.Unavailable("snapshot %s was taken under %s but this host runs %s", b.snapshot, b.info.Accel, vm.Accel())
 	}
 	return nil
 }

@@ -15,7 +15,7 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/vmm/guest"
-	"github.com/IniZio/nexus/services/vmm/qemu"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // Named volumes (DESIGN §4): one sparse ext4 image per sandbox and name under
@@ -35,8 +35,8 @@ func (s *Service) volumePath(id, name string) string {
 }
 
 // attachVolumes creates missing volume images and returns their disks, in order.
-func (s *Service) attachVolumes(ctx context.Context, id string, vols []api.Volume) ([]qemu.Disk, error) {
-	var disks []qemu.Disk
+func (s *Service) attachVolumes(ctx context.Context, id string, vols []api.Volume) ([]hypervisor.Disk, error) {
+	var disks []hypervisor.Disk
 	seen := map[string]bool{}
 	for _, v := range vols {
 		if !volumeNameRe.MatchString(v.Name) || seen[v.Name] {
@@ -51,7 +51,7 @@ func (s *Service) attachVolumes(ctx context.Context, id string, vols []api.Volum
 		} else if err != nil {
 			return nil, err
 		}
-		disks = append(disks, qemu.Disk{Path: p, Format: "raw"})
+		disks = append(disks, hypervisor.Disk{Path: p, Format: "raw"})
 	}
 	return disks, nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // Accelerator names.
@@ -51,7 +52,7 @@ type Config struct {
 	Logger       zerolog.Logger
 }
 
-// Driver starts and adopts QEMU microVMs.
+// Driver starts, restores and adopts QEMU microVMs: the hypervisor.Driver of QEMU.
 type Driver struct {
 	cfg     Config
 	binary  string
@@ -92,6 +93,8 @@ func New(cfg Config) (*Driver, error) {
 	}
 	return &Driver{cfg: cfg, binary: bin, version: v, accel: map[string]string{}}, nil
 }
+
+var _ hypervisor.Driver = (*Driver)(nil)
 
 var versionRe = regexp.MustCompile(`[0-9]+\.[0-9]+\.[0-9]+`)
 

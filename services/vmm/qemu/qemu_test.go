@@ -19,6 +19,7 @@ import (
 	"github.com/IniZio/nexus/internal/testutil"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
 	"github.com/IniZio/nexus/services/vmm/internal/vmtest"
@@ -58,16 +59,16 @@ func console(dir string) string {
 	return string(b)
 }
 
-func waitConsole(t *testing.T, vm *qemu.VM, want string, timeout time.Duration) {
+func waitConsole(t *testing.T, vm hypervisor.VM, want string, timeout time.Duration) {
 	t.Helper()
 	testutil.WaitFor(t, timeout, func() error {
-		if strings.Contains(console(vm.Dir), want) {
+		if strings.Contains(console(vm.Spec().Dir), want) {
 			return nil
 		}
 		if vm.Exited() {
-			return fmt.Errorf("qemu exited without %q; console:\n%s", want, console(vm.Dir))
+			return fmt.Errorf("qemu exited without %q; console:\n%s", want, console(vm.Spec().Dir))
 		}
-		return fmt.Errorf("no %q yet; console:\n%s", want, console(vm.Dir))
+		return fmt.Errorf("no %q yet; console:\n%s", want, console(vm.Spec().Dir))
 	})
 }
 
@@ -187,13 +188,14 @@ func TestLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	vm, err := d.Start(ctx, qemu.VMSpec{
+	started, err := d.Start(ctx, qemu.VMSpec{
 		ID: "lifecycle", Dir: dir, Kernel: bootKernel(k), Initrd: testInitramfs(t, k),
 		MemoryMiB: 256, VCPUs: 1, Cmdline: []string{"nexus.testwait=1"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	vm := started.(*qemu.VM) // QMP's own status names, below
 	defer vm.Kill()
 	if _, err := os.Stat(vm.RAMPath()); err != nil {
 		t.Fatalf("RAM file: %v", err)
@@ -205,6 +207,9 @@ func TestLifecycle(t *testing.T) {
 	}
 	if s, err := vm.Status(ctx); err != nil || s != "paused" {
 		t.Fatalf("status after pause = %q, %v", s, err)
+	}
+	if p, err := vm.Paused(ctx); err != nil || !p {
+		t.Fatalf("Paused after pause = %v, %v", p, err)
 	}
 	// Paused vCPUs print nothing: the console stays the same size over several tick periods.
 	before := len(console(dir))
@@ -221,6 +226,9 @@ func TestLifecycle(t *testing.T) {
 	if s, err := vm.Status(ctx); err != nil || s != "running" {
 		t.Fatalf("status after resume = %q, %v", s, err)
 	}
+	if p, err := vm.Paused(ctx); err != nil || p {
+		t.Fatalf("Paused after resume = %v, %v", p, err)
+	}
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		if len(console(dir)) > before {
 			return nil
@@ -229,14 +237,15 @@ func TestLifecycle(t *testing.T) {
 	})
 
 	// Drop our handle; adopt from the pidfile + QMP socket as a restarted vmm would.
-	pid := vm.Pid
+	pid := vm.Pid()
 	vm.Close()
-	vm2, err := d.Adopt(ctx, dir)
+	adopted, err := d.Adopt(ctx, dir)
 	if err != nil {
 		t.Fatalf("adopt: %v", err)
 	}
-	if vm2.Pid != pid || vm2.ID != "lifecycle" {
-		t.Fatalf("adopted pid %d id %s, want %d lifecycle", vm2.Pid, vm2.ID, pid)
+	vm2 := adopted.(*qemu.VM)
+	if vm2.Pid() != pid || vm2.ID != "lifecycle" {
+		t.Fatalf("adopted pid %d id %s, want %d lifecycle", vm2.Pid(), vm2.ID, pid)
 	}
 	if s, err := vm2.Status(ctx); err != nil || s != "running" {
 		t.Fatalf("adopted status = %q, %v", s, err)

@@ -48,7 +48,7 @@ func TestReadLineBounded(t *testing.T) {
 func TestArgs(t *testing.T) {
 	s := VMSpec{ID: "a", Dir: "/d", Kernel: "/k", Initrd: "/i", MemoryMiB: 256, VCPUs: 2, Disk: "/d/root.qcow2",
 		ExtraDisks: []Disk{{Path: "/v.raw"}}}
-	args := strings.Join(s.args(AccelTCG, "/dev/shm/x.ram", timeZero), " ")
+	args := strings.Join(commandLine(&s, AccelTCG, "/dev/shm/x.ram", timeZero), " ")
 	for _, bad := range []string{"netdev", "virtio-net", "pit=off", "pic=off", "-accel kvm"} {
 		if strings.Contains(args, bad) {
 			t.Errorf("args contain %q: %s", bad, args)
@@ -65,7 +65,7 @@ func TestArgs(t *testing.T) {
 	}
 	s.NetSocket, s.Net = "/n.sock", &GuestNet{IP: "10.0.0.2/24", Gateway: "10.0.0.1", DNS: "10.0.0.1"}
 	s.Mounts = []Mount{{HostPath: "/h", ReadOnly: true}}
-	args = strings.Join(s.args(AccelKVM, "/dev/shm/x.ram", timeZero), " ")
+	args = strings.Join(commandLine(&s, AccelKVM, "/dev/shm/x.ram", timeZero), " ")
 	for _, want := range []string{"-netdev stream,id=net0,server=on,addr.type=unix,addr.path=/n.sock", "virtio-net-device,netdev=net0",
 		"-accel kvm", "-cpu host", "security_model=none,readonly=on", "mount_tag=nexus0", "nexus.ip=10.0.0.2/24", "nexus.gw=10.0.0.1", "nexus.dns=10.0.0.1"} {
 		if !strings.Contains(args, want) {

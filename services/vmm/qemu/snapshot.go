@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // Snapshots (DESIGN §4). Guest RAM lives in a shared file, so the migration stream carries only
@@ -19,10 +20,6 @@ import (
 
 // migratePoll is how often query-migrate is asked while a migration runs.
 const migratePoll = 2 * time.Millisecond
-
-// MACFor is the MAC address a VM with this id gets when its spec names none; a restored VM keeps
-// the MAC of the VM it was saved from.
-func MACFor(id string) string { return defaultMAC(id) }
 
 // SaveState stops the vCPUs and writes the device state to path (which must not contain a
 // single quote). The VM stays stopped (QMP status postmigrate) until Resume.
@@ -89,7 +86,7 @@ func (vm *VM) awaitMigration(ctx context.Context) error {
 // Restore starts a VM from saved state: spec must describe the same machine as the saved one
 // (memory, vCPUs, devices in the same order) and spec.RAMPath names the saved RAM file, which is
 // mapped privately and never written or removed. The VM is running when Restore returns.
-func (d *Driver) Restore(ctx context.Context, spec VMSpec, statePath string) (*VM, error) {
+func (d *Driver) Restore(ctx context.Context, spec VMSpec, statePath string) (hypervisor.VM, error) {
 	if strings.ContainsAny(statePath, "'\n") {
 		return nil, errdefs.Invalid("restore: path %q must not contain quotes or newlines", statePath)
 	}
@@ -97,11 +94,11 @@ func (d *Driver) Restore(ctx context.Context, spec VMSpec, statePath string) (*V
 		return nil, errdefs.Invalid("restore %s: the RAM file is not set", spec.ID)
 	}
 	spec.Incoming = true
-	vm, err := d.Start(ctx, spec)
+	vm, err := d.start(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*VM, error) {
+	fail := func(err error) (hypervisor.VM, error) {
 		vm.Kill()
 		vm.Close()
 		if l := lastLine(logPath(spec.Dir)); l != "" {

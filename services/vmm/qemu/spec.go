@@ -13,78 +13,23 @@ import (
 	"time"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // MinMemoryMiB is the least RAM the Debian guest kernel boots in reliably.
 const MinMemoryMiB = 128
 
-// Mount is a host directory shared into the guest over virtio-9p.
-type Mount struct {
-	HostPath string
-	Tag      string // 9p mount tag; default nexus<N> by position
-	ReadOnly bool
-	// Guest and Remount are recorded for snapshots (api.Mount.Remount); QEMU does not use them.
-	Guest   string `json:",omitempty"`
-	Remount bool   `json:",omitempty"`
-}
+// The machine description is the hypervisor's (hypervisor.Spec); these names keep QEMU's own
+// callers short.
+type (
+	VMSpec   = hypervisor.Spec
+	Mount    = hypervisor.Mount
+	Disk     = hypervisor.Disk
+	GuestNet = hypervisor.GuestNet
+)
 
 // MountTag is the 9p tag of the i-th mount: nexus<i>.
-func MountTag(i int) string { return fmt.Sprintf("nexus%d", i) }
-
-// TagAt is m's 9p tag when it is the i-th mount.
-func (m Mount) TagAt(i int) string {
-	if m.Tag != "" {
-		return m.Tag
-	}
-	return MountTag(i)
-}
-
-// Disk is an extra virtio-blk disk (named volumes).
-type Disk struct {
-	Path     string
-	Format   string // raw or qcow2; default raw
-	ReadOnly bool
-}
-
-// GuestNet is the static network configuration handed to the agent on the kernel command line.
-type GuestNet struct {
-	IP      string // CIDR, e.g. 192.168.127.2/24
-	Gateway string
-	DNS     string
-}
-
-// VMSpec describes one microVM.
-type VMSpec struct {
-	ID  string // sandbox id: [a-z0-9][a-z0-9-]{0,62}
-	Dir string // sandbox directory: sockets, logs, pidfile
-
-	Kernel        string // vmlinux (PVH, preferred) or bzImage
-	KernelVersion string // accelerator-probe cache key; default: kernel file name and size
-	Initrd        string
-	Hostname      string    // default ID
-	Net           *GuestNet // static IP config for the agent; nil: none
-	Cmdline       []string  // extra kernel command-line tokens
-
-	MemoryMiB int
-	VCPUs     int
-
-	Disk       string // root disk: qcow2 overlay over the read-only base image
-	NetSocket  string // unix socket QEMU listens on for the user-mode network stack; empty: no NIC at all
-	MAC        string // default derived from ID
-	Mounts     []Mount
-	ExtraDisks []Disk
-
-	// NetdevArgs, when set, replace the NIC's `-netdev stream…` arguments with other QEMU
-	// arguments defining netdev id net0 (e.g. "-netdev", "user,id=net0"): benchmarks compare
-	// the netstack with QEMU's own networking and passt this way. Sandboxes never set it.
-	NetdevArgs []string
-
-	// RAMPath is the memory-backend file; default /dev/shm/nexus-<id>-<hash of Dir>.ram.
-	RAMPath string
-	// Incoming restores a saved VM (Driver.Restore): RAMPath is a snapshot's RAM file, mapped
-	// share=off (copy-on-write, never removed) and QEMU waits stopped for the device state.
-	Incoming bool
-}
+func MountTag(i int) string { return hypervisor.MountTag(i) }
 
 var (
 	idRe    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
@@ -97,11 +42,11 @@ var (
 func pidPath(dir string) string     { return filepath.Join(dir, "qemu.pid") }
 func statePath(dir string) string   { return filepath.Join(dir, "vm.json") }
 func qmpPath(dir string) string     { return filepath.Join(dir, "qmp.sock") }
-func consolePath(dir string) string { return filepath.Join(dir, "console.log") }
+func consolePath(dir string) string { return hypervisor.ConsoleLog(dir) }
 func logPath(dir string) string     { return filepath.Join(dir, "qemu.log") }
 
 // AgentSocket is the host end of the guest agent's virtio-serial port.
-func AgentSocket(dir string) string { return filepath.Join(dir, "agent.sock") }
+func AgentSocket(dir string) string { return hypervisor.AgentSocket(dir) }
 
 // ConsoleLog is the guest serial console log.
 func ConsoleLog(dir string) string { return consolePath(dir) }
@@ -109,7 +54,7 @@ func ConsoleLog(dir string) string { return consolePath(dir) }
 // AgentPortName is the virtio-serial port name the agent opens.
 const AgentPortName = "nexus.agent"
 
-func (s *VMSpec) validate() error {
+func validate(s *VMSpec) error {
 	if !idRe.MatchString(s.ID) {
 		return errdefs.Invalid("vm id %q must be 1-63 lowercase letters, digits or dashes", s.ID)
 	}
@@ -223,14 +168,8 @@ func defaultRAMPath(id, dir string) string {
 	return "/dev/shm/nexus-" + id + "-" + hex.EncodeToString(h[:4]) + ".ram"
 }
 
-// defaultMAC derives a stable locally administered unicast MAC from the id.
-func defaultMAC(id string) string {
-	h := sha256.Sum256([]byte("nexus-mac\x00" + id))
-	return fmt.Sprintf("5a:94:ef:%02x:%02x:%02x", h[0], h[1], h[2])
-}
-
 // kernelCmdline builds the command line the agent reads (see the agent's contract).
-func (s *VMSpec) kernelCmdline(accel string, now time.Time) string {
+func kernelCmdline(s *VMSpec, accel string, now time.Time) string {
 	t := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet"}
 	if accel == AccelTCG {
 		// Under TCG the guest's PIT-based TSC calibration fails when the host is busy and the
@@ -264,9 +203,9 @@ func (s *VMSpec) kernelCmdline(accel string, now time.Time) string {
 	return strings.Join(t, " ")
 }
 
-// args builds QEMU's argument list. Device order is significant: the root disk comes first so
+// commandLine builds QEMU's argument list. Device order is significant: the root disk comes first so
 // the guest names it /dev/vda.
-func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
+func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 	cpu := "max"
 	accelArg := "tcg,thread=multi"
 	if accel == AccelKVM {
@@ -289,7 +228,7 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", s.Kernel,
 		"-initrd", s.Initrd,
-		"-append", s.kernelCmdline(accel, now),
+		"-append", kernelCmdline(s, accel, now),
 		"-chardev", "file,id=console,path=" + consolePath(s.Dir) + ",append=on",
 		"-serial", "chardev:console",
 		"-qmp", "unix:" + qmpPath(s.Dir) + ",server=on,wait=off",
@@ -320,7 +259,7 @@ func (s *VMSpec) args(accel, ramPath string, now time.Time) []string {
 	if s.NetSocket != "" || len(s.NetdevArgs) > 0 {
 		mac := s.MAC
 		if mac == "" {
-			mac = defaultMAC(s.ID)
+			mac = hypervisor.MACFor(s.ID)
 		}
 		netdev := s.NetdevArgs
 		if len(netdev) == 0 {

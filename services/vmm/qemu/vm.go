@@ -19,6 +19,7 @@ import (
 
 	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // maxConsoleLog is the console log size past which Start rotates it to console.log.1.
@@ -35,15 +36,16 @@ type state struct {
 	Spec    *VMSpec   `json:"spec,omitempty"` // what the VM was started with (snapshots describe the machine from it)
 }
 
-// VM is a handle on one running QEMU process. Dropping the handle (Close) leaves QEMU running.
+// VM is a handle on one running QEMU process (a hypervisor.VM). Dropping the handle (Close)
+// leaves QEMU running.
 type VM struct {
-	ID      string
-	Dir     string
-	Pid     int
-	Accel   string
-	Started time.Time
-	QMP     *QMP
+	ID  string
+	Dir string
+	QMP *QMP
 
+	pid     int
+	accel   string
+	started time.Time
 	ramPath string
 	spec    VMSpec
 	pidfd   int
@@ -53,8 +55,12 @@ type VM struct {
 }
 
 // Start launches QEMU for spec, detached in its own session, and returns once QMP answers.
-func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
-	if err := spec.validate(); err != nil {
+func (d *Driver) Start(ctx context.Context, spec VMSpec) (hypervisor.VM, error) {
+	return d.start(ctx, spec)
+}
+
+func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
+	if err := validate(&spec); err != nil {
 		return nil, err
 	}
 	accel, err := d.Accelerator(ctx, spec.Kernel, spec.KernelVersion)
@@ -85,7 +91,7 @@ func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
 	}
 	defer logf.Close()
 	now := time.Now()
-	cmd := exec.Command(d.binary, spec.args(accel, ram, now)...)
+	cmd := exec.Command(d.binary, commandLine(&spec, accel, ram, now)...)
 	cmd.Dir = spec.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own session: a signal to the vmm's process group (or its death) does not reach QEMU.
@@ -98,17 +104,17 @@ func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
 		pidfd = -1 // pre-5.3 kernel: fall back to signals by pid
 	}
 	vm := &VM{
-		ID: spec.ID, Dir: spec.Dir, Pid: cmd.Process.Pid, Accel: accel, Started: now,
+		ID: spec.ID, Dir: spec.Dir, pid: cmd.Process.Pid, accel: accel, started: now,
 		ramPath: ram, spec: spec, pidfd: pidfd, done: make(chan struct{}),
 	}
 	go func() {
 		err := cmd.Wait()
 		vm.exited(err)
 	}()
-	st := state{ID: spec.ID, Pid: vm.Pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec}
+	st := state{ID: spec.ID, Pid: vm.pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec}
 	b, _ := json.Marshal(st)
 	if err := atomicfile.WriteFile(statePath(spec.Dir), b, 0o600); err == nil {
-		err = atomicfile.WriteFile(pidPath(spec.Dir), []byte(strconv.Itoa(vm.Pid)+"\n"), 0o600)
+		err = atomicfile.WriteFile(pidPath(spec.Dir), []byte(strconv.Itoa(vm.pid)+"\n"), 0o600)
 	}
 	if err != nil {
 		vm.Kill()
@@ -123,7 +129,7 @@ func (d *Driver) Start(ctx context.Context, spec VMSpec) (*VM, error) {
 		}
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	d.cfg.Logger.Debug().Str("vm", spec.ID).Int("pid", vm.Pid).Str("accel", accel).Msg("qemu started")
+	d.cfg.Logger.Debug().Str("vm", spec.ID).Int("pid", vm.pid).Str("accel", accel).Msg("qemu started")
 	return vm, nil
 }
 
@@ -154,7 +160,7 @@ func (vm *VM) connect(ctx context.Context) error {
 // Adopt re-attaches to a QEMU started earlier (possibly by another process) in dir. It checks the
 // pid really is our QEMU for dir before trusting it. A QEMU that is gone is a not-found error and
 // its RAM file is removed.
-func (d *Driver) Adopt(ctx context.Context, dir string) (*VM, error) {
+func (d *Driver) Adopt(ctx context.Context, dir string) (hypervisor.VM, error) {
 	b, err := os.ReadFile(statePath(dir))
 	if err != nil {
 		return nil, errdefs.NotFound("adopt %s: no vm state: %v", dir, err)
@@ -180,7 +186,7 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (*VM, error) {
 		return nil, errdefs.NotFound("adopt %s: pid %d is not the qemu for this directory", dir, pid)
 	}
 	vm := &VM{
-		ID: st.ID, Dir: dir, Pid: pid, Accel: st.Accel, Started: st.Started,
+		ID: st.ID, Dir: dir, pid: pid, accel: st.Accel, started: st.Started,
 		ramPath: st.RAMPath, pidfd: pidfd, done: make(chan struct{}),
 	}
 	if st.Spec != nil {
@@ -229,6 +235,15 @@ func (vm *VM) exited(err error) {
 	close(vm.done)
 	vm.mu.Unlock()
 }
+
+// Pid is the QEMU process.
+func (vm *VM) Pid() int { return vm.pid }
+
+// Accel is the accelerator QEMU runs the guest under: kvm or tcg.
+func (vm *VM) Accel() string { return vm.accel }
+
+// Started is when QEMU was started.
+func (vm *VM) Started() time.Time { return vm.started }
 
 // Done is closed when QEMU has exited.
 func (vm *VM) Done() <-chan struct{} { return vm.done }
@@ -282,6 +297,15 @@ func (vm *VM) Status(ctx context.Context) (string, error) {
 	return s.Status, nil
 }
 
+// Paused reports whether the vCPUs are stopped: paused, or stopped by SaveState (postmigrate).
+func (vm *VM) Paused(ctx context.Context) (bool, error) {
+	st, err := vm.Status(ctx)
+	return st == "paused" || st == "postmigrate", err
+}
+
+// AgentPortOpened signals each time the guest opens the agent's virtio-serial port.
+func (vm *VM) AgentPortOpened(ctx context.Context) <-chan struct{} { return vm.QMP.PortOpened(ctx) }
+
 // Kill sends SIGKILL and waits until the process is gone.
 func (vm *VM) Kill() error {
 	if vm.Exited() {
@@ -294,7 +318,7 @@ func (vm *VM) Kill() error {
 	case <-vm.done:
 		return nil
 	case <-time.After(10 * time.Second):
-		return fmt.Errorf("kill %s: pid %d still running after SIGKILL", vm.ID, vm.Pid)
+		return fmt.Errorf("kill %s: pid %d still running after SIGKILL", vm.ID, vm.pid)
 	}
 }
 
@@ -305,10 +329,10 @@ func (vm *VM) signal(sig unix.Signal) error {
 	if vm.pidfd >= 0 {
 		return unix.PidfdSendSignal(vm.pidfd, sig, nil, 0)
 	}
-	if !isOurQEMU(vm.Pid, vm.Dir) {
+	if !isOurQEMU(vm.pid, vm.Dir) {
 		return unix.ESRCH
 	}
-	return unix.Kill(vm.Pid, sig)
+	return unix.Kill(vm.pid, sig)
 }
 
 // Close drops the handle (QMP connection, pidfd) and leaves QEMU running.

@@ -1,0 +1,82 @@
+package hypervisor
+
+import (
+	"crypto/sha256"
+	"fmt"
+)
+
+// Mount is a host directory shared into the guest over virtio-9p.
+type Mount struct {
+	HostPath string
+	Tag      string // 9p mount tag; default nexus<N> by position
+	ReadOnly bool
+	// Guest and Remount are recorded for snapshots (api.Mount.Remount); the driver does not use them.
+	Guest   string `json:",omitempty"`
+	Remount bool   `json:",omitempty"`
+}
+
+// MountTag is the 9p tag of the i-th mount: nexus<i>.
+func MountTag(i int) string { return fmt.Sprintf("nexus%d", i) }
+
+// TagAt is m's 9p tag when it is the i-th mount.
+func (m Mount) TagAt(i int) string {
+	if m.Tag != "" {
+		return m.Tag
+	}
+	return MountTag(i)
+}
+
+// Disk is an extra virtio-blk disk (named volumes).
+type Disk struct {
+	Path     string
+	Format   string // raw or qcow2; default raw
+	ReadOnly bool
+}
+
+// GuestNet is the static network configuration handed to the agent on the kernel command line.
+type GuestNet struct {
+	IP      string // CIDR, e.g. 192.168.127.2/24
+	Gateway string
+	DNS     string
+}
+
+// Spec describes one microVM. A driver records it with the VM and gives it back from VM.Spec:
+// snapshots describe the machine from it, and forks boot the same one.
+type Spec struct {
+	ID  string // sandbox id: [a-z0-9][a-z0-9-]{0,62}
+	Dir string // sandbox directory: sockets, logs, pidfile
+
+	Kernel        string // vmlinux (PVH, preferred) or bzImage
+	KernelVersion string // accelerator-probe cache key; default: kernel file name and size
+	Initrd        string
+	Hostname      string    // default ID
+	Net           *GuestNet // static IP config for the agent; nil: none
+	Cmdline       []string  // extra kernel command-line tokens
+
+	MemoryMiB int
+	VCPUs     int
+
+	Disk       string // root disk: qcow2 overlay over the read-only base image
+	NetSocket  string // unix socket the hypervisor listens on for the user-mode network stack; empty: no NIC at all
+	MAC        string // default MACFor(ID)
+	Mounts     []Mount
+	ExtraDisks []Disk
+
+	// NetdevArgs (QEMU only), when set, replace the NIC's `-netdev stream…` arguments with other QEMU
+	// arguments defining netdev id net0 (e.g. "-netdev", "user,id=net0"): benchmarks compare
+	// the netstack with QEMU's own networking and passt this way. Sandboxes never set it.
+	NetdevArgs []string
+
+	// RAMPath is the memory-backend file; default /dev/shm/nexus-<id>-<hash of Dir>.ram.
+	RAMPath string
+	// Incoming restores a saved VM (Driver.Restore): RAMPath is a snapshot's RAM file, mapped
+	// share=off (copy-on-write, never removed) and QEMU waits stopped for the device state.
+	Incoming bool
+}
+
+// MACFor is the MAC address a VM with this id gets when its spec names none: a stable locally
+// administered unicast address. A restored VM keeps the MAC of the VM it was saved from.
+func MACFor(id string) string {
+	h := sha256.Sum256([]byte("nexus-mac\x00" + id))
+	return fmt.Sprintf("5a:94:ef:%02x:%02x:%02x", h[0], h[1], h[2])
+}
