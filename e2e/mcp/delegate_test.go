@@ -1,6 +1,7 @@
 package mcp_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -38,8 +39,9 @@ func git(t *testing.T, dir string, args ...string) string {
 
 // TestDelegation drives the worktree flow end to end with a scripted in-guest agent that reads
 // its brief, writes a file and commits: create → dispatch → poll shows the commit (and the host
-// branch has it) → teardown removes the sandbox and the worktree. Two delegations of one repo
-// run side by side on their own branches.
+// branch has it) → teardown removes the sandbox and the worktree. Three delegations of one repo
+// run side by side on their own branches: two driven by the MCP server, one by `nexus delegate`
+// (the same gateway API).
 func TestDelegation(t *testing.T) {
 	stack.MustNexus(t, "image", "build", "nexus-base")
 	repo := t.TempDir()
@@ -63,14 +65,38 @@ func TestDelegation(t *testing.T) {
 	if wts[0].Worktree == wts[1].Worktree {
 		t.Fatal("two delegations share a worktree")
 	}
+	var cliWT worktreeResult
+	if err := json.Unmarshal([]byte(stack.MustNexus(t, "--json", "delegate", "create", repo, "--name", "e2e-cli", "--image", "nexus-base", "--memory", "512")), &cliWT); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", cliWT.Sandbox) })
+	if cliWT.Branch != "nexus/e2e-cli" || cliWT.Worktree == wts[0].Worktree || cliWT.Worktree == wts[1].Worktree {
+		t.Fatalf("CLI delegation: %+v", cliWT)
+	}
+	cli := len(wts)
+	wts = append(wts, cliWT)
 	for i, wt := range wts {
-		call(t, c, "delegate_agent_dispatch", map[string]any{"sandbox": wt.Sandbox, "brief": fmt.Sprintf("brief number %d", i), "command": agent}, &map[string]any{})
+		brief := fmt.Sprintf("brief number %d", i)
+		if i == cli {
+			if out, errOut, code := stack.NexusIn(t, []byte(brief), append([]string{"delegate", "dispatch", wt.Sandbox, "--brief-file", "-", "--"}, agent...)...); code != 0 ||
+				!strings.HasPrefix(out, "brief delivered to "+wt.Sandbox+": agent pid ") {
+				t.Fatalf("nexus delegate dispatch: exit %d: %s%s", code, out, errOut)
+			}
+			continue
+		}
+		call(t, c, "delegate_agent_dispatch", map[string]any{"sandbox": wt.Sandbox, "brief": brief, "command": agent}, &map[string]any{})
 	}
 	for i, wt := range wts {
 		want := fmt.Sprintf("agent: brief number %d", i)
 		testutil.WaitFor(t, 2*time.Minute, func() error {
 			var p pollResult
-			call(t, c, "delegate_agent_poll", map[string]any{"sandbox": wt.Sandbox}, &p)
+			if i == cli {
+				if err := json.Unmarshal([]byte(stack.MustNexus(t, "delegate", "poll", wt.Sandbox, "--json")), &p); err != nil {
+					return err
+				}
+			} else {
+				call(t, c, "delegate_agent_poll", map[string]any{"sandbox": wt.Sandbox}, &p)
+			}
 			if p.Branch != wt.Branch || len(p.Log) == 0 || !strings.Contains(p.Log[0], want) {
 				return fmt.Errorf("poll: %+v", p)
 			}
@@ -83,8 +109,14 @@ func TestDelegation(t *testing.T) {
 	if log := git(t, repo, "log", "--oneline", "main"); strings.Contains(log, "agent:") {
 		t.Fatalf("main got an agent commit:\n%s", log)
 	}
-	for _, wt := range wts {
-		call(t, c, "delegate_teardown", map[string]any{"sandbox": wt.Sandbox}, &map[string]any{})
+	for i, wt := range wts {
+		if i == cli {
+			if out := stack.MustNexus(t, "delegate", "teardown", wt.Sandbox); !strings.HasPrefix(out, wt.Sandbox+" removed with its worktree "+wt.Worktree+"; branch "+wt.Branch+" kept at ") {
+				t.Errorf("nexus delegate teardown: %q", out)
+			}
+		} else {
+			call(t, c, "delegate_teardown", map[string]any{"sandbox": wt.Sandbox}, &map[string]any{})
+		}
 		if _, err := os.Stat(wt.Worktree); !os.IsNotExist(err) {
 			t.Errorf("worktree %s left behind", wt.Worktree)
 		}
