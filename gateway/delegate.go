@@ -278,14 +278,8 @@ func (g *Service) rollbackDelegation(d *delegation) {
 // sandbox that is already gone is fine.
 func (g *Service) removeOwned(ctx context.Context, name, key, value string) error {
 	sb, err := g.reg.Get(ctx, name)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	if mine, err := api.Owned(sb, err, key, value); !mine {
 		return err
-	}
-	if sb.Labels[key] != value {
-		return nil // someone else's sandbox of the same name: not ours to remove
 	}
 	if err := g.remove(ctx, sb, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err

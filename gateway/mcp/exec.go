@@ -254,14 +254,8 @@ func (s *Server) removeOwned(name, key, value string) error {
 		return err
 	}
 	sb, err := c.Get(ctx, name)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	if mine, err := api.Owned(sb, err, key, value); !mine {
 		return err
-	}
-	if sb.Labels[key] != value {
-		return nil // someone else's sandbox of the same name: not ours to remove
 	}
 	res, err := c.Apply(ctx, api.Remove, api.NamesRequest{Names: []string{name}, Force: true})
 	if err != nil {

@@ -3,6 +3,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -145,6 +146,19 @@ func FullName(project, name string) (string, error) {
 		name = project + "/" + name
 	}
 	return ParseName(name)
+}
+
+// Owned says whether sb, as a Get answered it (sb, err), is the sandbox its caller made: it
+// carries label key=value. A sandbox that is gone is not, and is no error; one of the same name
+// made by someone else is not either.
+func Owned(sb *Sandbox, err error, key, value string) (bool, error) {
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return sb.Labels[key] == value, nil
 }
 
 // Selector is a parsed label selector: k=v, k!=v and k (present), comma-separated, all must hold.
