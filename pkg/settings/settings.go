@@ -93,24 +93,16 @@ var Table = []Setting{
 	{Flag: "bus-url", Env: "NEXUS_BUS_URL", Arg: "url", Scope: Global,
 		Help:  "bus URL to dial",
 		Unset: "the URL the running bus wrote under the home",
-		set: func(v *Values, s string) error {
+		set: text(func(v *Values) *string { return &v.BusURL }, func(s string) bool {
 			u, err := url.Parse(s)
-			if err != nil || u.Scheme == "" || u.Host == "" {
-				return fmt.Errorf("%q is not a URL such as nats://127.0.0.1:4244", s)
-			}
-			v.BusURL = s
-			return nil
-		}},
+			return err == nil && u.Scheme != "" && u.Host != ""
+		}, "a URL such as nats://127.0.0.1:4244")},
 
 	{Flag: "host", Env: "NEXUS_HOST", Default: bus.LocalHost, Arg: "name", Scope: Stack,
 		Help: "this machine's name on the bus: the host its services serve and new sandboxes are placed on",
-		set: func(v *Values, s string) error {
-			if strings.ContainsAny(s, ". *>\t") {
-				return fmt.Errorf("%q is not a host name (no dots, spaces or wildcards)", s)
-			}
-			v.Host = s
-			return nil
-		}},
+		set: text(func(v *Values) *string { return &v.Host }, func(s string) bool {
+			return !strings.ContainsAny(s, ". *>\t")
+		}, "a host name (no dots, spaces or wildcards)")},
 	{Flag: "cache", Env: "NEXUS_CACHE", Arg: "dir", Scope: Stack,
 		Help:  "download and image cache, shareable between homes",
 		Unset: "<home>/cache",
@@ -121,54 +113,39 @@ var Table = []Setting{
 		}},
 	{Flag: "accel", Env: "NEXUS_ACCEL", Default: "auto", Arg: "auto|kvm|tcg", Scope: Stack,
 		Help: "QEMU accelerator: auto probes KVM once with a real boot and falls back to tcg",
-		set: func(v *Values, s string) error {
-			switch s {
-			case "auto", "kvm", "tcg":
-				v.Accel = s
-				return nil
-			}
-			return fmt.Errorf("%q is not one of auto, kvm, tcg", s)
-		}},
+		set: text(func(v *Values) *string { return &v.Accel }, func(s string) bool {
+			return s == "auto" || s == "kvm" || s == "tcg"
+		}, "one of auto, kvm, tcg")},
 	{Flag: "mitm-addr", Env: "NEXUS_MITM_ADDR", Arg: "host:port", Scope: Stack,
 		Help:  "where the mitm accepts CONNECTs",
 		Unset: "the address it used last time, else a free loopback port",
-		set: func(v *Values, s string) error {
-			if _, _, err := net.SplitHostPort(s); err != nil {
-				return fmt.Errorf("%q is not host:port", s)
-			}
-			v.MITMAddr = s
-			return nil
-		}},
+		set: text(func(v *Values) *string { return &v.MITMAddr }, func(s string) bool {
+			_, _, err := net.SplitHostPort(s)
+			return err == nil
+		}, "host:port")},
 	{Flag: "upstream-dns", Env: "NEXUS_UPSTREAM_DNS", Arg: "ip:port", Scope: Stack,
 		Help:  "resolver the netstack asks for allowed names",
 		Unset: "the first nameserver of /etc/resolv.conf",
-		set: func(v *Values, s string) error {
-			if _, err := netip.ParseAddrPort(s); err != nil {
-				return fmt.Errorf("%q is not ip:port", s)
-			}
-			v.UpstreamDNS = s
-			return nil
-		}},
+		set: text(func(v *Values) *string { return &v.UpstreamDNS }, func(s string) bool {
+			_, err := netip.ParseAddrPort(s)
+			return err == nil
+		}, "ip:port")},
 	{Flag: "claude-token-url", Env: "NEXUS_CLAUDE_TOKEN_URL", Arg: "url", Scope: Stack,
 		Help:  "test aid: OAuth token endpoint the credential guardian refreshes ~/.claude against",
 		Unset: "Anthropic's",
-		set: func(v *Values, s string) error {
+		set: text(func(v *Values) *string { return &v.ClaudeTokenURL }, func(s string) bool {
 			u, err := url.Parse(s)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return fmt.Errorf("%q is not an http(s) URL", s)
-			}
-			v.ClaudeTokenURL = s
-			return nil
-		}},
+			return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+		}, "an http(s) URL")},
 	{Flag: "gitrelay-ssh", Env: "NEXUS_GITRELAY_SSH", Default: "ssh", Arg: "path", Scope: Stack,
 		Help: "the host ssh program the git relay runs",
-		set:  func(v *Values, s string) error { v.GitrelaySSH = s; return nil }},
+		set:  text(func(v *Values) *string { return &v.GitrelaySSH }, nil, "")},
 	{Flag: "gitrelay-ssh-opts", Env: "NEXUS_GITRELAY_SSH_OPTS", Arg: "options", Scope: Stack,
 		Help: `extra ssh options for the git relay, space-separated ("-F /path -o UserKnownHostsFile=...")`,
 		set:  func(v *Values, s string) error { v.GitrelaySSHOpts = strings.Fields(s); return nil }},
 	{Flag: "gitrelay-hosts", Env: "NEXUS_GITRELAY_HOSTS", Arg: "aliases", Scope: Stack,
 		Help: "git host aliases, comma-separated name=[user@]host[:port]: where the relay's ssh really goes for a host the guest names",
-		set:  func(v *Values, s string) error { v.GitrelayHosts = s; return nil }},
+		set:  text(func(v *Values) *string { return &v.GitrelayHosts }, nil, "")},
 	{Flag: "resolve", Env: "NEXUS_RESOLVE", Arg: "host=addr", Scope: Stack, Multi: true,
 		Help: "test/offline aid: connect to addr for host, like curl --resolve (the netstack's DNS and the mitm's dialer); repeatable or comma-separated",
 		set: func(v *Values, s string) error {
@@ -244,6 +221,18 @@ func Invalid(flag string, err error) error {
 		}
 	}
 	return errdefs.Invalid("--%s: %v", flag, err)
+}
+
+// text sets the string field of Values that field returns, when ok (if any) accepts the value;
+// otherwise the error says the value is not want.
+func text(field func(*Values) *string, ok func(string) bool, want string) func(*Values, string) error {
+	return func(v *Values, s string) error {
+		if ok != nil && !ok(s) {
+			return fmt.Errorf("%q is not %s", s, want)
+		}
+		*field(v) = s
+		return nil
+	}
 }
 
 // value is a setting's flag: a string, or a list for a repeatable one.
