@@ -28,9 +28,6 @@ type (
 	GuestNet = hypervisor.GuestNet
 )
 
-// MountTag is the 9p tag of the i-th mount: nexus<i>.
-func MountTag(i int) string { return hypervisor.MountTag(i) }
-
 var (
 	idRe    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 	tagRe   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,31}$`)
@@ -101,7 +98,7 @@ func validate(s *VMSpec) error {
 		if strings.Contains(m.HostPath, ",") {
 			return errdefs.Invalid("mount %s: host path must not contain a comma", m.HostPath)
 		}
-		tag := mountTag(i, m)
+		tag := m.TagAt(i)
 		if !tagRe.MatchString(tag) || tags[tag] {
 			return errdefs.Invalid("mount %s: tag %q must be unique, 1-31 of [A-Za-z0-9_.-]", m.HostPath, tag)
 		}
@@ -152,13 +149,6 @@ func regularFile(p string) error {
 		return fmt.Errorf("%s: path must not contain a comma", p)
 	}
 	return nil
-}
-
-func mountTag(i int, m Mount) string {
-	if m.Tag != "" {
-		return m.Tag
-	}
-	return "nexus" + strconv.Itoa(i)
 }
 
 // defaultRAMPath names the RAM file by id and a hash of the directory, so two nexus homes (tests)
@@ -273,7 +263,7 @@ func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 		if m.ReadOnly {
 			fs += ",readonly=on"
 		}
-		a = append(a, "-fsdev", fs, "-device", fmt.Sprintf("virtio-9p-device,fsdev=fs%d,mount_tag=%s", i, mountTag(i, m)))
+		a = append(a, "-fsdev", fs, "-device", fmt.Sprintf("virtio-9p-device,fsdev=fs%d,mount_tag=%s", i, m.TagAt(i)))
 	}
 	return a
 }
