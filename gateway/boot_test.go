@@ -25,7 +25,7 @@ func TestBootRemovedMeanwhile(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	ok, _ := bus.EncodeOK(struct{}{})
-	sub, err := b.Connect(t, bus.UserAdmin).Subscribe(bus.VMMPrefix+".>", func(m *nats.Msg) {
+	sub, err := b.Connect(t, bus.UserAdmin).Subscribe(bus.VMMAPI.All(), func(m *nats.Msg) {
 		if m.Subject == vmmapi.Start.Subject(bus.LocalHost) {
 			once.Do(func() { close(started) })
 			<-release

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
@@ -54,9 +54,9 @@ func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
 	t.Helper()
 	f := &fakeServices{}
 	ok, _ := bus.EncodeOK(struct{}{})
-	for _, subj := range []string{bus.VMMPrefix + ".>", bus.NetstackPrefix + ".>", bus.MITMPrefix + ".>", bus.CredPrefix + ".>"} {
+	for _, subj := range []string{bus.VMMAPI.All(), bus.NetstackAPI.All(), bus.MITMAPI.All(), bus.CredAPI.All()} {
 		sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
-			if strings.HasPrefix(m.Subject, bus.VMMPrefix+".") && strings.HasSuffix(m.Subject, ".remove") {
+			if m.Subject == vmmapi.Remove.Subject(bus.LocalHost) {
 				f.mu.Lock()
 				f.removed = append(f.removed, string(m.Data))
 				f.mu.Unlock()

@@ -247,7 +247,7 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 func startFakePerimeter(t *testing.T, nc *nats.Conn) {
 	t.Helper()
 	ok, _ := bus.EncodeOK(struct{}{})
-	for _, subj := range []string{bus.NetstackPrefix + ".>", bus.MITMPrefix + ".>", bus.CredPrefix + ".>"} {
+	for _, subj := range []string{bus.NetstackAPI.All(), bus.MITMAPI.All(), bus.CredAPI.All()} {
 		sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
 			if m.Reply != "" {
 				m.Respond(ok)

@@ -91,8 +91,9 @@ func TestEnvelopeRoundTripAndErrorClasses(t *testing.T) {
 	}
 	type req struct{ Name string }
 	type resp struct{ Greeting string }
-	subject := bus.HostSubject(bus.VMMPrefix, bus.LocalHost, "hello")
-	err = bus.Handle(svc, "hello", subject, func(ctx context.Context, r req) (resp, error) {
+	hello := bus.Endpoint[req, resp]{Scope: bus.VMMAPI, Verb: "hello"}
+	subject := hello.Subject(bus.LocalHost)
+	err = hello.Serve(svc, func(ctx context.Context, r req) (resp, error) {
 		switch r.Name {
 		case "":
 			return resp{}, errdefs.Invalid("name is required")
@@ -129,7 +130,7 @@ func TestEnvelopeRoundTripAndErrorClasses(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("deadline: got %v", err)
 	}
-	_, err = bus.Request[resp](context.Background(), gw, bus.HostSubject(bus.VMMPrefix, "nohost", "hello"), req{Name: "x"})
+	_, err = bus.Request[resp](context.Background(), gw, hello.Subject("nohost"), req{Name: "x"})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "not running") {
 		t.Fatalf("no responder: got %v", err)
 	}

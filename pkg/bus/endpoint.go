@@ -71,9 +71,9 @@ func (e Endpoint[Req, Resp]) Name() string { return strings.ReplaceAll(e.Verb, "
 // API is the endpoint's scope.
 func (e Endpoint[Req, Resp]) API() Scope { return e.Scope }
 
-// Serve adds the endpoint to s, on s's host, with fn as its handler (see Handle).
+// Serve adds the endpoint to s, on s's host, with fn as its handler (see handle).
 func (e Endpoint[Req, Resp]) Serve(s *Service, fn func(ctx context.Context, req Req) (Resp, error)) error {
-	return Handle(s, e.Name(), e.Subject(s.info.Host), fn)
+	return handle(s, e.Name(), e.Subject(s.info.Host), fn)
 }
 
 // Call sends req to the endpoint on host and decodes the reply (see Request). A per-host

@@ -65,16 +65,13 @@ func NewService(nc *nats.Conn, info ServiceInfo, log zerolog.Logger) (*Service, 
 	return &Service{nc: nc, svc: svc, log: log, sem: make(chan struct{}, 256), info: info}, nil
 }
 
-// Conn is the service's bus connection.
-func (s *Service) Conn() *nats.Conn { return s.nc }
-
 // Stop deregisters the endpoints.
 func (s *Service) Stop() error { return s.svc.Stop() }
 
-// Handle adds an endpoint on subject whose handler receives a decoded Req and returns a Resp
+// handle adds an endpoint on subject whose handler receives a decoded Req and returns a Resp
 // or a classified error. Handlers run in their own goroutine so a slow create does not hold up
 // a ps; at most 256 run at once per service.
-func Handle[Req, Resp any](s *Service, name, subject string, fn func(ctx context.Context, req Req) (Resp, error)) error {
+func handle[Req, Resp any](s *Service, name, subject string, fn func(ctx context.Context, req Req) (Resp, error)) error {
 	h := micro.HandlerFunc(func(r micro.Request) {
 		deadline := time.Now().Add(DefaultTimeout)
 		if v := r.Headers().Get(DeadlineHeader); v != "" {
@@ -110,7 +107,11 @@ func Handle[Req, Resp any](s *Service, name, subject string, fn func(ctx context
 			}
 		}()
 	})
-	return s.svc.AddEndpoint(name, h, micro.WithEndpointSubject(subject))
+	if err := s.svc.AddEndpoint(name, h, micro.WithEndpointSubject(subject)); err != nil {
+		return err
+	}
+	// Once registered, the endpoint answers: the subscription has reached the server.
+	return s.nc.Flush()
 }
 
 func call[Req, Resp any](ctx context.Context, log zerolog.Logger, subject string, data []byte, fn func(context.Context, Req) (Resp, error)) (resp Resp, err error) {
