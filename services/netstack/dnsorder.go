@@ -4,6 +4,17 @@ import (
 	"encoding/binary"
 	"net"
 	"sync"
+	"time"
+)
+
+// Bounds on what a guest can make the ordering hold: miekg/dns drops some datagrams without
+// calling the handler (their turn never ends), and a guest controls sources and IDs.
+const (
+	// orderWait is the longest an answer waits for the answer to an earlier query with its
+	// source and ID.
+	orderWait = 2 * time.Second
+	// maxTurns is how many unanswered queries are tracked; past it, answers are not ordered.
+	maxTurns = 1024
 )
 
 // orderedConn is the gateway's DNS socket. miekg/dns answers each datagram in its own goroutine,
@@ -54,11 +65,15 @@ func (c *orderedConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	}
 	t := &turn{key: orderKey{src: ua.String(), id: binary.BigEndian.Uint16(b)}, done: make(chan struct{})}
 	c.mu.Lock()
-	if prev := c.last[t.key]; prev != nil {
+	defer c.mu.Unlock()
+	prev := c.last[t.key]
+	if prev == nil && len(c.last) >= maxTurns {
+		return n, addr, nil // too many unanswered queries: this one is not ordered
+	}
+	if prev != nil {
 		t.prev = prev.done
 	}
 	c.last[t.key] = t
-	c.mu.Unlock()
 	return n, &querySource{UDPAddr: ua, turn: t}, nil
 }
 
@@ -69,7 +84,12 @@ func (c *orderedConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 		return c.PacketConn.WriteTo(b, addr)
 	}
 	if src.turn.prev != nil {
-		<-src.turn.prev
+		timer := time.NewTimer(orderWait)
+		select {
+		case <-src.turn.prev:
+		case <-timer.C:
+		}
+		timer.Stop()
 	}
 	defer c.answered(src)
 	return c.PacketConn.WriteTo(b, src.UDPAddr)
