@@ -60,7 +60,7 @@ func TestBenchHeader(t *testing.T) {
 	header := func(env ...string) map[string]string {
 		t.Helper()
 		cmd := exec.Command("bash", filepath.Join(repo, "scripts", "bench.sh"), "--header")
-		cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "NEXUS_CACHE="+cache, "NEXUS_TEST_CACHE=", "NEXUS_ACCEL=")
+		cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "NEXUS_CACHE="+cache, "NEXUS_ACCEL=")
 		cmd.Env = append(cmd.Env, env...)
 		out, err := cmd.Output()
 		if err != nil {

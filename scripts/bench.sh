@@ -26,7 +26,7 @@ commit() {
 # accel says which accelerator was asked for and, for auto, what the KVM probe cached for this QEMU.
 accel() {
 	local f probed=""
-	for f in "${NEXUS_CACHE:-}/accel.json" "${NEXUS_TEST_CACHE:-}/accel.json"; do
+	for f in "${NEXUS_CACHE:-}/accel.json"; do
 		[ -f "$f" ] || continue
 		# accel.json is indented JSON keyed "qemu <version> kernel <kernel>".
 		probed+=$(awk -v v="$1" '$1 == "\"qemu" && $2 == v {on = 1; next}

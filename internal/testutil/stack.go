@@ -353,16 +353,6 @@ func Setup(f func(*Fixture) error) Option {
 	return func(s *suite) { s.setup = append(s.setup, f) }
 }
 
-// Env starts the stack with extra K=V environment entries.
-func Env(kv ...string) Option {
-	return Setup(func(f *Fixture) error { f.Env(kv...); return nil })
-}
-
-// Flags starts the stack with extra flags of `nexus up`.
-func Flags(args ...string) Option {
-	return Setup(func(f *Fixture) error { f.Flags(args...); return nil })
-}
-
 // Started runs f once the stack answers, before the tests (e.g. to store a secret).
 func Started(f func(*Stack) error) Option {
 	return func(s *suite) { s.started = append(s.started, f) }

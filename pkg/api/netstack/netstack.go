@@ -38,9 +38,6 @@ func NewClient(nc *nats.Conn, host string) *Client { return &Client{nc: nc, host
 func (c *Client) Create(ctx context.Context, r CreateRequest) (Info, error) {
 	return Create.Call(ctx, c.nc, c.host, r)
 }
-func (c *Client) Update(ctx context.Context, r UpdateRequest) (Info, error) {
-	return Update.Call(ctx, c.nc, c.host, r)
-}
 func (c *Client) Remove(ctx context.Context, id string) error {
 	_, err := Remove.Call(ctx, c.nc, c.host, RemoveRequest{SandboxID: id})
 	return err
