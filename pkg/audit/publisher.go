@@ -135,9 +135,21 @@ func (p *Publisher) Emit(_ context.Context, ev Event) {
 // maxBatch bounds the events spooled with one write.
 const maxBatch = 512
 
+// run is the first stage: it writes each batch to the spool and hands it to the second stage,
+// which publishes. The stages are apart so that a bus that is down (publish retrying) never
+// holds events back from the spool: they reach the disk while the retries go on.
 func (p *Publisher) run() {
 	defer p.wg.Done()
-	var inflight sync.WaitGroup
+	out := make(chan pubItem, QueueSize)
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		var inflight sync.WaitGroup
+		for it := range out {
+			p.publish(it, &inflight)
+		}
+		inflight.Wait()
+	}()
 	batch := make([]pubItem, 0, maxBatch)
 	for it := range p.q {
 		batch = append(batch[:0], it)
@@ -165,10 +177,11 @@ func (p *Publisher) run() {
 			}
 		}
 		for _, it := range batch {
-			p.publish(it, &inflight)
+			out <- it
 		}
 	}
-	inflight.Wait()
+	close(out)
+	<-published
 }
 
 func (p *Publisher) publish(it pubItem, inflight *sync.WaitGroup) {

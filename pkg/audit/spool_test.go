@@ -58,7 +58,17 @@ func TestSpoolSurvivesACrash(t *testing.T) {
 		return nil
 	})
 	nc.Close()
-	for i := 3; i <= 5; i++ {
+	// Event 3 alone first: its publish fails and retries. Events 4 and 5 must reach the spool
+	// all the same (a retrying publish once held every later event in memory only).
+	p1.Emit(context.Background(), audit.Event{Sandbox: "sb-1", Layer: audit.LayerL4, Port: 3})
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		b, _ := os.ReadFile(path)
+		if n := countEvents(b); n < 3 {
+			return errNot(n)
+		}
+		return nil
+	})
+	for i := 4; i <= 5; i++ {
 		p1.Emit(context.Background(), audit.Event{Sandbox: "sb-1", Layer: audit.LayerL4, Port: i})
 	}
 	// The process dies here: p1 is never closed. Its spool lock goes with its file.
