@@ -152,8 +152,9 @@ func (g *Service) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 		return nil, err
 	}
 	if err := g.boot(ctx, sb, r.Progress); err != nil {
-		if errors.Is(err, errdefs.ErrInvalid) {
-			// The request itself was wrong (an unknown image, say): leave nothing behind.
+		if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrRefused) {
+			// The request itself was wrong (an unknown image, say) or asked for more than the
+			// host can give: leave nothing behind.
 			g.forget(sb)
 		}
 		return sb, err

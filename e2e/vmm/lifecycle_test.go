@@ -19,7 +19,7 @@ import (
 // create boots a nexus-mini sandbox labelled for cleanup and removes it when t ends.
 func create(t *testing.T, name string, args ...string) {
 	t.Helper()
-	stack.MustNexus(t, append([]string{"create", name, "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1"}, args...)...)
+	stack.MustNexus(t, append([]string{"create", name, "--image", "nexus-mini", "--memory", "256m", "-l", "nexus-test=1"}, args...)...)
 	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", name) })
 }
 
@@ -50,6 +50,9 @@ func TestCreateRefusals(t *testing.T) {
 		{[]string{"create", "Bad Name"}, 2, `invalid sandbox name "Bad Name"`},
 		{[]string{"create", "refuse/low", "--image", "nexus-mini", "--memory", "64"}, 2, "below the guest's minimum of 128 MiB"},
 		{[]string{"create", "refuse/img", "--image", "nexus-nope"}, 2, `unknown image "nexus-nope": known images are nexus-base, nexus-mini`},
+		// Admission: more than the host can give is refused with the numbers, before a boot.
+		{[]string{"create", "refuse/mem", "--image", "nexus-mini", "--memory", "200000"}, 1, "not enough host memory for a 200000 MiB sandbox: sandboxes may take"},
+		{[]string{"create", "refuse/cpu", "--image", "nexus-mini", "--vcpus", "64"}, 1, "--vcpus 64 is more than this host's"},
 	} {
 		_, errOut, code := stack.Nexus(t, tc.args...)
 		if code != tc.code || !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
@@ -58,7 +61,7 @@ func TestCreateRefusals(t *testing.T) {
 	}
 	// A refused create leaves no record behind.
 	out := stack.MustNexus(t, "ps", "-a")
-	for _, n := range []string{"refuse/low", "refuse/img"} {
+	for _, n := range []string{"refuse/low", "refuse/img", "refuse/mem", "refuse/cpu"} {
 		if strings.Contains(out, n) {
 			t.Errorf("refused %s is in ps -a:\n%s", n, out)
 		}

@@ -65,7 +65,7 @@ profile's egress perimeter (its allowlist, the MITM, credentials and the credent
 	f.BoolVar(&o.agentEgress, "agent-egress", false, "give the sandbox the agent profile's egress perimeter (default: no egress at all)")
 	f.StringVar(&o.agent, "agent", "", "agent profile (default claude-code)")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "print boot steps and the egress perimeter before running")
-	f.IntVar(&o.memoryMiB, "memory", 0, "memory in MiB (default 1024)")
+	memoryFlag(f, &o.memoryMiB)
 	f.IntVar(&o.vcpus, "vcpus", 0, "virtual CPUs (default 1)")
 	return cmd
 }

@@ -67,7 +67,7 @@ func delegateCreateCommand() *cobra.Command {
 	f.StringVar(&r.Base, "base", "", "commit-ish the branch starts from (default HEAD)")
 	f.StringVar(&r.Project, "project", "", "project of the sandbox (default \"default\")")
 	f.StringVar(&r.Image, "image", "", "root image (default nexus-base; it has git)")
-	f.IntVar(&r.Memory, "memory", 0, "memory in MiB (default 1024)")
+	memoryFlag(f, &r.Memory)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
 	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
 	f.StringVar(&r.Egress, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")

@@ -94,7 +94,7 @@ func createCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&r.Image, "image", "", "root image (nexus-base, nexus-mini, …)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
-	f.IntVar(&r.MemoryMiB, "memory", 0, "memory in MiB (default 1024)")
+	memoryFlag(f, &r.MemoryMiB)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
 	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
 	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")

@@ -65,7 +65,9 @@ type Values struct {
 	ClaudeTokenURL  string
 	GitrelaySSH     string
 	GitrelaySSHOpts []string
-	GitrelayHosts   string // checked by the root with the relay's own parser
+	GitrelayHosts   string  // checked by the root with the relay's own parser
+	MemoryShare     float64 // 0: the vmm's default
+	VCPUOvercommit  bool
 	Resolve         map[string]string
 	ExtraCA         string
 	ExtraRoots      []*x509.Certificate
@@ -116,6 +118,23 @@ var Table = []Setting{
 		set: text(func(v *Values) *string { return &v.Accel }, func(s string) bool {
 			return s == "auto" || s == "kvm" || s == "tcg"
 		}, "one of auto, kvm, tcg")},
+	{Flag: "memory-share", Env: "NEXUS_MEMORY_SHARE", Default: "90%", Arg: "share", Scope: Stack,
+		Help: "part of host memory the sandboxes of this host may take together, QEMU overhead included (a fraction or a percentage); a create past it is refused",
+		set: func(v *Values, s string) error {
+			f, err := parseShare(s)
+			v.MemoryShare = f
+			return err
+		}},
+	{Flag: "vcpu-overcommit", Env: "NEXUS_VCPU_OVERCOMMIT", Default: "false", Arg: "bool", Scope: Stack,
+		Help: "let one sandbox have more vCPUs than the host has cores",
+		set: func(v *Values, s string) error {
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				return fmt.Errorf("%q is not true or false", s)
+			}
+			v.VCPUOvercommit = b
+			return nil
+		}},
 	{Flag: "mitm-addr", Env: "NEXUS_MITM_ADDR", Arg: "host:port", Scope: Stack,
 		Help:  "where the mitm accepts CONNECTs",
 		Unset: "the address it used last time, else a free loopback port",
@@ -268,6 +287,19 @@ func homeDir(s string) (home.Dir, error) {
 		return "", err
 	}
 	return home.Dir(abs), nil
+}
+
+// parseShare reads a fraction in (0, 1] or a percentage such as 80%.
+func parseShare(s string) (float64, error) {
+	num, pct := strings.CutSuffix(s, "%")
+	f, err := strconv.ParseFloat(num, 64)
+	if err == nil && pct {
+		f /= 100
+	}
+	if err != nil || f <= 0 || f > 1 {
+		return 0, fmt.Errorf("%q is not a share: give a fraction in (0, 1] or a percentage such as 80%%", s)
+	}
+	return f, nil
 }
 
 // parseResolve parses "api.github.com=127.0.0.1:4443,github.com=127.0.0.1:4444".

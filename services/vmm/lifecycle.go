@@ -30,6 +30,11 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		return api.StartResponse{}, errdefs.Conflict("sandbox %s is already running", r.Name)
 	}
 	s.mu.Unlock()
+	release, err := s.admit(r.ID, r.MemoryMiB, r.VCPUs)
+	if err != nil {
+		return api.StartResponse{}, err
+	}
+	defer release()
 	return s.newBoot(r).run(ctx, "start", coldBoot)
 }
 

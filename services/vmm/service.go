@@ -45,6 +45,8 @@ type Config struct {
 	BootTimeout time.Duration
 	// Heartbeat is how often the agent is pinged; three missed answers mark the guest hung.
 	Heartbeat time.Duration
+	// Admission bounds what the sandboxes of this host may ask for together.
+	Admission Admission
 }
 
 // Service runs the VMs of one host.
@@ -56,9 +58,10 @@ type Service struct {
 	bootMu sync.Mutex // serialises kernel and initramfs preparation
 	boot   *bootFiles
 
-	mu      sync.Mutex
-	vms     map[string]*machine
-	idLocks sync.Map // sandbox id → *sync.Mutex, see lockID
+	mu       sync.Mutex
+	vms      map[string]*machine
+	reserved map[string]int // id → MiB admitted for a boot under way (admission.go)
+	idLocks  sync.Map       // sandbox id → *sync.Mutex, see lockID
 
 	snapMu   sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
 	snapping sync.Map     // ids of sandboxes being snapshotted (snapshot.go)
@@ -78,6 +81,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = 5 * time.Second
 	}
+	cfg.Admission = cfg.Admission.withDefaults()
 	if cfg.AgentPath == "" {
 		exe, err := os.Executable()
 		if err == nil {
@@ -98,7 +102,7 @@ func New(cfg Config) (*Service, error) {
 		}
 		cfg.Driver = drv
 	}
-	return &Service{cfg: cfg, log: cfg.Log, drv: cfg.Driver, vms: map[string]*machine{}}, nil
+	return &Service{cfg: cfg, log: cfg.Log, drv: cfg.Driver, vms: map[string]*machine{}, reserved: map[string]int{}}, nil
 }
 
 // Run adopts the VMs left running by an earlier vmm, registers the endpoints and serves.

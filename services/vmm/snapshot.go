@@ -340,6 +340,11 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 	if running {
 		return api.StartResponse{}, errdefs.Conflict("sandbox %s is already running", r.Name)
 	}
+	release, err := s.admit(r.ID, info.MemoryMiB, info.VCPUs)
+	if err != nil {
+		return api.StartResponse{}, err
+	}
+	defer release()
 	return s.newForkBoot(r, info, sdir).run(ctx, "fork", restoreBoot)
 }
 
