@@ -118,6 +118,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.reqs = append(u.reqs, seen{Host: r.Host, Path: r.URL.RequestURI(), Auth: r.Header.Get("Authorization")})
 	u.mu.Unlock()
+	if r.URL.Path == "/stream" {
+		serveStream(w, r) // expiry_test.go
+		return
+	}
 	fmt.Fprintf(w, "hello from fake %s\n", u.name)
 }
 

@@ -34,12 +34,11 @@ func (n *network) namesFor(dst netip.Addr, now time.Time) []string {
 	return names
 }
 
-// judgeTCP decides a guest SYN to dst:port.
-func (n *network) judgeTCP(dst netip.Addr, port int) verdict {
+// judgeTCP decides a guest SYN to dst:port; names are those behind dst (namesFor).
+func (n *network) judgeTCP(dst netip.Addr, port int, names []string) verdict {
 	now := time.Now()
 	pol, allow := n.policy()
 	v := verdict{ev: audit.Event{Layer: audit.LayerL4, Proto: "tcp", IP: dst.String(), Port: port, Decision: audit.Deny}}
-	names := n.namesFor(dst, now)
 	if len(names) > 0 {
 		v.ev.Host = names[0]
 	}
@@ -87,12 +86,12 @@ func (n *network) judgeTCP(dst netip.Addr, port int) verdict {
 }
 
 // judgeUDP decides a guest datagram to dst:port that no gateway service took (DNS to the gateway
-// and DHCP never get here).
-func (n *network) judgeUDP(dst netip.Addr, port int) verdict {
+// and DHCP never get here); names are those behind dst (namesFor).
+func (n *network) judgeUDP(dst netip.Addr, port int, names []string) verdict {
 	now := time.Now()
 	pol, _ := n.policy()
 	v := verdict{ev: audit.Event{Layer: audit.LayerL4, Proto: "udp", IP: dst.String(), Port: port, Decision: audit.Deny}}
-	if names := n.namesFor(dst, now); len(names) > 0 {
+	if len(names) > 0 {
 		v.ev.Host = names[0]
 	}
 	mode := effectiveMode(pol, now)

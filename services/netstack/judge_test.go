@@ -42,7 +42,7 @@ func judgeNetwork(tb testing.TB, names int) *network {
 func TestJudgeTCPGraceAndExpiry(t *testing.T) {
 	n := judgeNetwork(t, 1)
 	ip := netip.MustParseAddr("203.0.0.0")
-	if v := n.judgeTCP(ip, 443); !v.allowed() || !v.shim || v.ev.Host != "a0.cdn.example.net" || v.ev.Rule != "*.cdn.example.net:443,80" {
+	if v := n.judgeTCP(ip, 443, n.namesFor(ip, time.Now())); !v.allowed() || !v.shim || v.ev.Host != "a0.cdn.example.net" || v.ev.Rule != "*.cdn.example.net:443,80" {
 		t.Fatalf("fresh answer: %+v", v)
 	}
 	// An answer past TTL + grace no longer admits connections.
@@ -50,7 +50,7 @@ func TestJudgeTCPGraceAndExpiry(t *testing.T) {
 	n.table.mu.Lock()
 	n.table.names["a0.cdn.example.net"].ips[ip] = time.Now().Add(-2 * time.Minute)
 	n.table.mu.Unlock()
-	if v := n.judgeTCP(ip, 443); v.allowed() || v.ev.Decision != audit.Deny {
+	if v := n.judgeTCP(ip, 443, n.namesFor(ip, time.Now())); v.allowed() || v.ev.Decision != audit.Deny {
 		t.Fatalf("expired answer still allowed: %+v", v)
 	}
 }
@@ -60,7 +60,7 @@ func BenchmarkJudgeTCP(b *testing.B) {
 	n := judgeNetwork(b, 4000)
 	ip := netip.AddrFrom4([4]byte{203, 0, 7, 7})
 	for b.Loop() {
-		if v := n.judgeTCP(ip, 443); !v.allowed() {
+		if v := n.judgeTCP(ip, 443, n.namesFor(ip, time.Now())); !v.allowed() {
 			b.Fatal(v.ev.Reason)
 		}
 	}

@@ -223,11 +223,18 @@ func shortSocket(t testing.TB) string {
 	return filepath.Join(dir, "net.sock")
 }
 
-func newEnv(t testing.TB, pol netstackapi.Policy) *env {
+// newEnv starts a network with pol; extra resolver overrides (name → ip[:port]) are added to the
+// standard upstreams'.
+func newEnv(t testing.TB, pol netstackapi.Policy, extra ...map[string]string) *env {
 	t.Helper()
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("NEXUS_HOME", t.TempDir())
 	e := &env{log: &eventLog{}, up: startUpstreams(t), sock: shortSocket(t)}
+	for _, m := range extra {
+		for k, v := range m {
+			e.up.override[k] = v
+		}
+	}
 	svc, err := netstack.NewManager(netstack.ManagerConfig{
 		Logger:            zerolog.Nop(),
 		Audit:             e.log,

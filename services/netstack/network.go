@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -66,9 +65,12 @@ type network struct {
 	dnsSrv []*dns.Server
 	dhcp   *dhcp.Server
 
+	conns    *conntrack // forwarded flows, judged again when the policy changes
+	expiryMu sync.Mutex
+	expiry   *time.Timer // sweeps conns when allow-all ends
+
 	connMu   sync.Mutex
-	guest    net.Conn               // QEMU's current connection
-	active   map[io.Closer]struct{} // proxied connections, closed on remove
+	guest    net.Conn // QEMU's current connection
 	closed   bool
 	closeErr error
 	wg       sync.WaitGroup
@@ -88,7 +90,7 @@ func newNetwork(s *Manager, spec Spec, pol Policy, allow *policy.Allowlist) (_ *
 		pol:        pol,
 		allow:      allow,
 		table:      newDNSTable(),
-		active:     map[io.Closer]struct{}{},
+		conns:      newConntrack(),
 	}
 	defer func() {
 		if err != nil {
@@ -98,6 +100,7 @@ func newNetwork(s *Manager, spec Spec, pol Policy, allow *policy.Allowlist) (_ *
 	if err := n.buildStack(spec.GuestMAC); err != nil {
 		return nil, err
 	}
+	n.armExpiry(pol)
 	if spec.Dial {
 		n.wg.Add(1)
 		go func() {
@@ -328,17 +331,14 @@ func (n *network) close() {
 	if n.guest != nil {
 		n.guest.Close()
 	}
-	active := n.active
-	n.active = map[io.Closer]struct{}{}
 	n.connMu.Unlock()
+	n.stopExpiry()
 	n.cancel()
 	if n.ln != nil {
 		n.ln.Close()
 		_ = os.Remove(n.socketPath)
 	}
-	for c := range active {
-		c.Close()
-	}
+	n.conns.closeAll()
 	for _, srv := range n.dnsSrv {
 		_ = srv.Shutdown()
 	}
@@ -354,37 +354,20 @@ func (n *network) close() {
 	}
 }
 
-// track registers proxied connections so remove can close them; false if the network is closed.
-func (n *network) track(cs ...io.Closer) bool {
-	n.connMu.Lock()
-	defer n.connMu.Unlock()
-	if n.closed {
-		return false
-	}
-	for _, c := range cs {
-		n.active[c] = struct{}{}
-	}
-	return true
-}
-
-func (n *network) untrack(cs ...io.Closer) {
-	n.connMu.Lock()
-	defer n.connMu.Unlock()
-	for _, c := range cs {
-		delete(n.active, c)
-	}
-}
-
 func (n *network) policy() (Policy, *policy.Allowlist) {
 	n.polMu.RLock()
 	defer n.polMu.RUnlock()
 	return n.pol, n.allow
 }
 
-func (n *network) setPolicy(p Policy, a *policy.Allowlist) {
+// setPolicy replaces the policy and closes the open flows it refuses (audited as
+// RulePolicyRevoked); it returns how many.
+func (n *network) setPolicy(p Policy, a *policy.Allowlist) int {
 	n.polMu.Lock()
 	n.pol, n.allow = p, a
 	n.polMu.Unlock()
+	n.armExpiry(p)
+	return n.rejudge(RulePolicyRevoked)
 }
 
 func (n *network) info() Info {

@@ -200,7 +200,8 @@ func (s *Manager) reserve(spec Spec) error {
 	return nil
 }
 
-// UpdateNetwork replaces a network's policy. Decisions from now on use it; open connections stay.
+// UpdateNetwork replaces a network's policy. Decisions from now on use it, and open connections
+// it refuses are closed, each audited with RulePolicyRevoked.
 func (s *Manager) UpdateNetwork(ctx context.Context, id string, p Policy) (Info, error) {
 	n, err := s.get(id)
 	if err != nil {
@@ -210,8 +211,8 @@ func (s *Manager) UpdateNetwork(ctx context.Context, id string, p Policy) (Info,
 	if err != nil {
 		return Info{}, fmt.Errorf("update network %s: %w", id, err)
 	}
-	n.setPolicy(pol, allow)
-	s.log.Info().Str(logSandbox, id).Str(logMode, pol.Mode).Int("rules", len(pol.Allow)).Msg("network updated")
+	cut := n.setPolicy(pol, allow)
+	s.log.Info().Str(logSandbox, id).Str(logMode, pol.Mode).Int("rules", len(pol.Allow)).Int("closed", cut).Msg("network updated")
 	return n.info(), nil
 }
 

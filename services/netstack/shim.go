@@ -20,7 +20,7 @@ import (
 // the ClientHello SNI (443) or HTTP Host (80), check that name itself against the allowlist (the
 // destination IP alone is never trusted), then CONNECT <name>:<port> to mitm with the sandbox's
 // identity, replay the peeked bytes and splice. Its one audit event is emitted after the check.
-func (n *network) serveShim(r *tcp.ForwarderRequest, v verdict) {
+func (n *network) serveShim(r *tcp.ForwarderRequest, v verdict, f *flow) {
 	guest, err := acceptGuest(r)
 	if err != nil {
 		n.emit(denyEvent(v.ev, "guest handshake failed"))
@@ -39,6 +39,7 @@ func (n *network) serveShim(r *tcp.ForwarderRequest, v verdict) {
 		return
 	}
 	v.ev.Host = name
+	f.sni, f.layer = name, v.ev.Layer
 	_, allow := n.policy()
 	rule, ok := allow.Match(name, port)
 	if !ok {
@@ -71,7 +72,7 @@ func (n *network) serveShim(r *tcp.ForwarderRequest, v verdict) {
 		return
 	}
 	n.emit(v.ev)
-	n.splice(guest, up)
+	n.splice(guest, up, f)
 }
 
 func nameKind(port int) string {

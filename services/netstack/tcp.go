@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -24,22 +25,25 @@ func (n *network) handleTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
-	v := n.judgeTCP(dst, int(id.LocalPort))
+	f := &flow{proto: "tcp", dst: dst, port: int(id.LocalPort), layer: audit.LayerL4, epoch: n.conns.begin()}
+	f.names = n.namesFor(dst, time.Now())
+	v := n.judgeTCP(dst, f.port, f.names)
 	if !v.allowed() {
 		n.emit(v.ev)
 		r.Complete(true)
 		return
 	}
 	if v.shim {
-		n.serveShim(r, v)
+		f.shim = true
+		n.serveShim(r, v, f)
 		return
 	}
-	n.serveDirect(r, v)
+	n.serveDirect(r, v, f)
 }
 
 // serveDirect dials the upstream first, so that a refused or unreachable upstream is a RST to
 // the guest, then completes the guest handshake and splices.
-func (n *network) serveDirect(r *tcp.ForwarderRequest, v verdict) {
+func (n *network) serveDirect(r *tcp.ForwarderRequest, v verdict, f *flow) {
 	ctx, cancel := context.WithTimeout(n.ctx, n.svc.cfg.DialTimeout)
 	var d net.Dialer
 	up, err := d.DialContext(ctx, "tcp", v.target)
@@ -58,7 +62,7 @@ func (n *network) serveDirect(r *tcp.ForwarderRequest, v verdict) {
 		return
 	}
 	n.emit(v.ev)
-	n.splice(guest, up)
+	n.splice(guest, up, f)
 }
 
 // acceptGuest completes the guest's handshake.
@@ -81,18 +85,18 @@ type guestConn struct {
 
 func (g *guestConn) abort() { g.ep.Abort() }
 
-// splice copies both ways until both directions are done, propagating half-closes.
-func (n *network) splice(guest *guestConn, up net.Conn) {
-	if !n.track(guest, up) {
-		guest.abort()
-		up.Close()
+// splice registers f in the connection table and copies both ways until both directions are
+// done, propagating half-closes.
+func (n *network) splice(guest *guestConn, up net.Conn, f *flow) {
+	f.closers, f.cut = []io.Closer{guest, up}, guest.abort
+	if !n.register(f) {
 		return
 	}
-	defer n.untrack(guest, up)
+	defer n.unregister(f)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = io.CopyBuffer(up, guest, make([]byte, 64<<10))
+		_, _ = io.CopyBuffer(countingWriter{up, &f.bytes}, guest, make([]byte, 64<<10))
 		if cw, ok := up.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		} else {

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"io"
 	"net"
 	"net/netip"
 	"time"
@@ -9,6 +10,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/IniZio/nexus/pkg/audit"
 )
 
 // udpIdle closes an allow-all UDP flow after this long without traffic.
@@ -22,7 +25,7 @@ func (n *network) handleUDP(id stack.TransportEndpointID, pkt *stack.PacketBuffe
 		return true
 	}
 	dst := netip.AddrFrom4(id.LocalAddress.As4())
-	v := n.judgeUDP(dst, int(id.LocalPort))
+	v := n.judgeUDP(dst, int(id.LocalPort), n.namesFor(dst, time.Now()))
 	n.emit(v.ev)
 	if !v.allowed() {
 		return true
@@ -47,15 +50,15 @@ func (n *network) handleUDPFlow(r *udp.ForwarderRequest) {
 		guest.Close()
 		return
 	}
-	if !n.track(guest, up) {
-		guest.Close()
-		up.Close()
+	// The datagram was judged before this flow began, so register judges it once more.
+	f := &flow{proto: "udp", dst: dst, port: port, layer: audit.LayerL4, epoch: ^uint64(0),
+		names: n.namesFor(dst, time.Now()), closers: []io.Closer{guest, up}}
+	if !n.register(f) {
 		return
 	}
 	go func() {
-		defer n.untrack(guest, up)
-		defer guest.Close()
-		defer up.Close()
+		defer n.unregister(f)
+		defer f.close()
 		go func() {
 			buf := make([]byte, 65535)
 			for {
@@ -77,11 +80,7 @@ func (n *network) handleUDPFlow(r *udp.ForwarderRequest) {
 			if err != nil {
 				return
 			}
-			// The flow was judged when it started; stop it once allow-all has ended.
-			if v := n.judgeUDP(dst, port); !v.allowed() {
-				n.emit(v.ev)
-				return
-			}
+			f.bytes.Add(int64(k))
 			if _, err := up.Write(buf[:k]); err != nil {
 				return
 			}

@@ -89,8 +89,8 @@ type Spec struct {
 // CreateRequest is the body of Create.
 type CreateRequest = Spec
 
-// UpdateRequest replaces the policy of a running network (Update). Existing connections keep
-// running; every new decision uses the new policy.
+// UpdateRequest replaces the policy of a running network (Update). Every new decision uses the
+// new policy, and open connections it refuses are closed (audited with rule policy_revoked).
 type UpdateRequest struct {
 	SandboxID string `json:"sandbox_id"`
 	Policy
