@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -81,7 +82,14 @@ func (w *leaseWatchdog) sweep(ctx context.Context, now time.Time) {
 		return
 	}
 	for _, sb := range all {
-		if !sb.Ephemeral || !dueForLeaseCheck(sb, now) || w.busy(sb.ID) {
+		if w.busy(sb.ID) {
+			continue
+		}
+		if expired(sb, now) {
+			w.remove(sb, fmt.Sprintf("its --ttl expired at %s", sb.ExpiresAt.Format(time.RFC3339)))
+			continue
+		}
+		if !sb.Ephemeral || !dueForLeaseCheck(sb, now) {
 			continue
 		}
 		_, err := w.kv.Get(ctx, sb.ID)
@@ -93,8 +101,15 @@ func (w *leaseWatchdog) sweep(ctx context.Context, now time.Time) {
 			w.g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("lease watchdog: cannot read the lease")
 			continue
 		}
-		w.remove(sb)
+		w.remove(sb, "it lost its caller's lease (ephemeral)")
 	}
+}
+
+// expired reports whether sb has outlived its --ttl. A removal under way is driven by the
+// lease rules (LeaseStuckRemove), not again at every sweep.
+func expired(sb *api.Sandbox, now time.Time) bool {
+	return !sb.ExpiresAt.IsZero() && !now.Before(sb.ExpiresAt) &&
+		(sb.State != api.StateRemoving || now.Sub(sb.UpdatedAt) >= LeaseStuckRemove)
 }
 
 // dueForLeaseCheck reports whether sb has been without a caller long enough to be judged: a
@@ -123,14 +138,15 @@ func (w *leaseWatchdog) busy(id string) bool {
 	return w.active[id]
 }
 
-// remove tears the sandbox down in the background (force: it is running) and forgets it. The
-// gateway's remove waits for the VM to exit and the perimeter to be torn down.
-func (w *leaseWatchdog) remove(sb *api.Sandbox) {
+// remove tears the sandbox down in the background (force: it is running) and forgets it; why
+// is the reason its removing transition carries on the event stream. The gateway's remove
+// waits for the VM to exit and the perimeter to be torn down.
+func (w *leaseWatchdog) remove(sb *api.Sandbox, why string) {
 	w.mu.Lock()
 	w.active[sb.ID] = true
 	w.mu.Unlock()
-	w.g.log.Info().Str("sandbox", sb.Name).Str("id", sb.ID).Str("state", string(sb.State)).
-		Msg("ephemeral sandbox lost its caller's lease; removing it")
+	w.g.log.Info().Str("sandbox", sb.Name).Str("id", sb.ID).Str("state", string(sb.State)).Str("reason", why).
+		Msg("removing sandbox")
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -141,10 +157,10 @@ func (w *leaseWatchdog) remove(sb *api.Sandbox) {
 		}()
 		rctx, cancel := context.WithTimeout(w.ctx, 2*time.Minute)
 		defer cancel()
-		err := w.g.remove(rctx, sb, true)
+		err := w.g.removeBecause(rctx, sb, why)
 		switch {
 		case err == nil:
-			w.g.log.Info().Str("sandbox", sb.Name).Msg("ephemeral sandbox removed")
+			w.g.log.Info().Str("sandbox", sb.Name).Str("reason", why).Msg("sandbox removed")
 		case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrConflict):
 			// Its caller removed it meanwhile, or changed it: the next sweep looks again.
 		default:

@@ -189,6 +189,13 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	case sb.VCPUs < 0 || sb.VCPUs > MaxVCPUs:
 		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
 	}
+	if r.TTL != "" {
+		ttl, err := api.ParseTTL(r.TTL)
+		if err != nil {
+			return nil, err
+		}
+		sb.ExpiresAt = time.Now().Add(ttl).UTC().Truncate(time.Second)
+	}
 	if sb.Agent == "" {
 		sb.Agent = profile.DefaultName
 	}
@@ -456,6 +463,17 @@ func (g *Service) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
 }
 
 // remove tears down everything of a sandbox, then its record. A running sandbox needs force.
+// removeBecause removes sb (force) on nexus's own initiative: the removing transition carries
+// why on the event stream.
+func (g *Service) removeBecause(ctx context.Context, sb *api.Sandbox, why string) error {
+	if sb.State != api.StateRemoving {
+		if err := g.reg.Transition(ctx, sb, api.StateRemoving, why, nil); err != nil {
+			return err
+		}
+	}
+	return g.remove(ctx, sb, true)
+}
+
 func (g *Service) remove(ctx context.Context, sb *api.Sandbox, force bool) error {
 	switch sb.State {
 	case api.StateRunning, api.StatePaused, api.StateStarting:

@@ -263,3 +263,33 @@ func TestKilledStackReadoptsVMs(t *testing.T) {
 		t.Fatalf("%d QEMU processes for the sandbox", n)
 	}
 }
+
+// A sandbox with --ttl is removed when it expires, VM and all, by the stack that runs then
+// (here one restarted after a kill): the expiry is in the registry, not in a process's memory.
+func TestTTLRemovesTheSandboxAcrossARestart(t *testing.T) {
+	create(t, "ttl/box", "--ttl", "30s")
+	s := sandbox(t, "ttl/box")
+	if s.ExpiresAt.IsZero() || s.ExpiresAt.Sub(s.CreatedAt) < 29*time.Second || s.ExpiresAt.Sub(s.CreatedAt) > 31*time.Second {
+		t.Fatalf("ps --json: expires_at %v for a 30s ttl created at %v", s.ExpiresAt, s.CreatedAt)
+	}
+	if out := stack.MustNexus(t, "ps"); !strings.Contains(out, "(ttl ") {
+		t.Errorf("ps does not show the ttl:\n%s", out)
+	}
+	pid := qemuPid(t, stack.Home.Sandbox(s.ID))
+	stack.Kill()
+	if err := stack.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 3*time.Minute, func() error {
+		if out := stack.MustNexus(t, "ps", "-a"); strings.Contains(out, "ttl/box") {
+			return errors.New("ttl/box is still listed")
+		}
+		return nil
+	})
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if syscall.Kill(pid, 0) == nil {
+			return fmt.Errorf("QEMU %d still runs", pid)
+		}
+		return nil
+	})
+}

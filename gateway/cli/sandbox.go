@@ -104,6 +104,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
 	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
+	f.StringVar(&r.TTL, "ttl", "", "remove the sandbox this long after create, whatever its state (30m, 2h, 7d; default: never)")
 	f.StringVar(&configPath, "config", "", "project config (default: .nexus/config.yaml at the git root of the working directory)")
 	return cmd
 }
@@ -173,7 +174,7 @@ func psCommand() *cobra.Command {
 					mem = fmt.Sprintf("%dMiB/%dMiB", s.RSSBytes>>20, s.MemoryMiB)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Image, s.Agent, egressColumn(s.Egress),
-					mem, dash(api.FormatLabels(s.Labels)), age(s.CreatedAt), s.Host)
+					mem, dash(api.FormatLabels(s.Labels)), ageColumn(s.Sandbox), s.Host)
 			}
 			return tw.Flush()
 		},
@@ -195,8 +196,19 @@ func egressColumn(e api.Egress) string {
 	return dash(e.Mode)
 }
 
-func age(t time.Time) string {
-	d := time.Since(t)
+// ageColumn is the sandbox's age, and the time it has left when it has a --ttl.
+func ageColumn(sb api.Sandbox) string {
+	if sb.ExpiresAt.IsZero() {
+		return age(sb.CreatedAt)
+	}
+	return age(sb.CreatedAt) + " (ttl " + duration(time.Until(sb.ExpiresAt)) + ")"
+}
+
+func age(t time.Time) string { return duration(time.Since(t)) }
+
+// duration is d in its largest whole unit: 42s, 5m, 3h, 9d.
+func duration(d time.Duration) string {
+	d = max(d, 0)
 	switch {
 	case d < time.Minute:
 		return fmt.Sprintf("%ds", int(d.Seconds()))

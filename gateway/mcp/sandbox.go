@@ -27,6 +27,7 @@ type createArgs struct {
 	Labels       map[string]string `json:"labels"`
 	Repos        []string          `json:"repos"`
 	Config       string            `json:"config"`
+	TTL          string            `json:"ttl"`
 }
 
 // labelPairs validates labels the way `nexus create -l` does.
@@ -66,7 +67,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
 	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets, Repos: a.Repos, Config: cfg})
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL})
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

@@ -23,6 +23,9 @@ type CreateRequest struct {
 	MountNamed    []string          `json:"mount_named,omitempty"` // name:guest[,kind=disk]
 	NoPortForward bool              `json:"no_port_forward,omitempty"`
 	Ephemeral     bool              `json:"ephemeral,omitempty"`
+	// TTL, when set, is how long the sandbox may live: it is removed at CreatedAt+TTL, whatever
+	// its state (ParseTTL: a Go duration or whole days, e.g. 90m, 2h30m, 7d).
+	TTL string `json:"ttl,omitempty"`
 	// Config is the project's .nexus/config.yaml (or --config), parsed and validated by the CLI;
 	// the gateway validates it again.
 	Config *config.Config `json:"config,omitempty"`

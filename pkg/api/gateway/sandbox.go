@@ -111,6 +111,8 @@ type Sandbox struct {
 	CreatedAt     time.Time         `json:"created_at"`
 	UpdatedAt     time.Time         `json:"updated_at"`
 	StartedAt     time.Time         `json:"started_at,omitzero"`
+	// ExpiresAt, when set (--ttl), is when the sandbox is removed.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// Revision is the KV revision this copy was read at; updates are checked against it.
 	Revision uint64 `json:"revision,omitempty"`
 	// Config is the .nexus/config.yaml the sandbox was created with: its egress.policy gates
@@ -250,4 +252,25 @@ func FormatLabels(labels map[string]string) string {
 		parts[i] = fmt.Sprintf("%s=%s", k, labels[k])
 	}
 	return strings.Join(parts, ",")
+}
+
+// MaxTTL bounds --ttl.
+const MaxTTL = 366 * 24 * time.Hour
+
+// ParseTTL reads a lifetime: a Go duration (90s, 45m, 2h30m) or whole days (7d), from 1s to
+// MaxTTL.
+func ParseTTL(s string) (time.Duration, error) {
+	var d time.Duration
+	var err error
+	if days, ok := strings.CutSuffix(s, "d"); ok && days != "" && strings.Trim(days, "0123456789") == "" && len(days) <= 3 {
+		n := 0
+		fmt.Sscan(days, &n)
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		d, err = time.ParseDuration(s)
+	}
+	if err != nil || d < time.Second || d > MaxTTL {
+		return 0, errdefs.Invalid("invalid --ttl %q: give a duration from 1s to 366d, such as 30m, 2h or 7d", s)
+	}
+	return d, nil
 }
