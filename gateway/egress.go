@@ -48,6 +48,9 @@ func (p *egressPlan) addSecret(b api.SecretBinding) {
 			if p.secrets[i].Env == "" {
 				p.secrets[i].Env = b.Env
 			}
+			if p.secrets[i].Header == "" {
+				p.secrets[i].Header = b.Header
+			}
 			return
 		}
 	}
@@ -58,7 +61,7 @@ func (p *egressPlan) addSecret(b api.SecretBinding) {
 func (p *egressPlan) bindings() []credapi.Binding {
 	var out []credapi.Binding
 	for _, s := range p.secrets {
-		out = append(out, credapi.Binding{Secret: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env})
+		out = append(out, credapi.Binding{Secret: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env, Header: s.Header})
 	}
 	return out
 }
@@ -81,7 +84,9 @@ func planFromRecord(sb *api.Sandbox) (*egressPlan, error) {
 
 // planEgress turns the create flags and the agent profile into an egress plan.
 // Curated is the default whenever the allowlist is non-empty; allow-all always expires.
-func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secretExists func(string) bool) (*egressPlan, error) {
+// Every secret binding stays within the hosts stored with its secret (storedSecrets.allowedHosts).
+func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored storedSecrets) (*egressPlan, error) {
+	secretExists := func(name string) bool { _, ok := stored(name); return ok }
 	p := &egressPlan{}
 	var allow []string
 	allow = append(allow, prof.EgressHosts...)
@@ -100,27 +105,29 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 	if len(r.Repos) > 0 {
 		allow = append(allow, GitHubHosts...)
 		if secretExists(GitHubSecret) {
-			p.secrets = append(p.secrets, api.SecretBinding{Name: GitHubSecret, Hosts: []string{"api.github.com", "uploads.github.com", "github.com"}, Kind: credapi.KindGitHub})
+			hosts, _ := stored.allowedHosts(bindDefault, "--repo", GitHubSecret, []string{"api.github.com", "uploads.github.com", "github.com"})
+			if len(hosts) > 0 {
+				p.secrets = append(p.secrets, api.SecretBinding{Name: GitHubSecret, Hosts: hosts, Kind: credapi.KindGitHub})
+			}
 		}
 	}
+	origin := bindRequest
+	if r.UserSecrets {
+		origin = bindUser
+	}
 	for _, s := range r.Secrets {
-		name, hostList, ok := strings.Cut(s, "@")
-		if !ok || name == "" || hostList == "" {
-			return nil, errdefs.Invalid("invalid --secret %q: use NAME@host[,host]", s)
-		}
-		var hosts []string
-		for _, h := range strings.Split(hostList, ",") {
-			rule, err := policy.ParseRule(h)
-			if err != nil || rule.Host == "" || strings.HasPrefix(rule.Host, "*") {
-				return nil, errdefs.Invalid("invalid --secret %q: %q is not a host name", s, h)
-			}
-			hosts = append(hosts, rule.Host)
+		name, hosts, header, err := parseSecretFlag(s)
+		if err != nil {
+			return nil, err
 		}
 		if !secretExists(name) {
 			return nil, errdefs.Invalid("--secret %s: no secret named %s: set it first with `nexus secret set %s`", s, name, name)
 		}
+		if _, err := stored.allowedHosts(origin, "--secret "+s, name, hosts); err != nil {
+			return nil, err
+		}
 		allow = append(allow, hosts...)
-		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name)})
+		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name), Header: header})
 	}
 	if c := r.Config; c != nil {
 		// .nexus/config.yaml: its open, policy-gated and secret hosts join the allowlist (the
@@ -134,17 +141,22 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, secret
 			if !secretExists(s.Name) {
 				return nil, errdefs.Invalid("egress.secrets in %s: no secret named %s: set it first with `nexus secret set %s`", c.Source, s.Name, s.Name)
 			}
+			if _, err := stored.allowedHosts(bindConfig, "egress.secrets in "+c.Source, s.Name, s.Hosts); err != nil {
+				return nil, err
+			}
 			env := s.Env
 			if env == "" {
 				env = envOf(s.Name)
 			}
-			p.addSecret(api.SecretBinding{Name: s.Name, Hosts: s.Hosts, Kind: kindOf(s.Name), Env: env})
+			p.addSecret(api.SecretBinding{Name: s.Name, Hosts: s.Hosts, Kind: kindOf(s.Name), Env: env, Header: s.Header})
 		}
 	}
 	for _, s := range prof.Secrets {
 		if secretExists(s.Name) {
 			allow = append(allow, s.Hosts...)
-			p.secrets = append(p.secrets, api.SecretBinding{Name: s.Name, Hosts: s.Hosts, Kind: s.Kind, Env: s.Env})
+			if hosts, _ := stored.allowedHosts(bindDefault, "agent "+prof.Name, s.Name, s.Hosts); len(hosts) > 0 {
+				p.secrets = append(p.secrets, api.SecretBinding{Name: s.Name, Hosts: hosts, Kind: s.Kind, Env: s.Env})
+			}
 		}
 	}
 	rules, err := policy.ParseRules(dedupe(allow))

@@ -16,8 +16,11 @@ import (
 
 func TestPlanEgressConfig(t *testing.T) {
 	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	has := func(names ...string) func(string) bool {
-		return func(n string) bool { return slices.Contains(names, n) }
+	// has stores each named secret for the hosts the config binds it to.
+	has := func(names ...string) storedSecrets {
+		return func(n string) ([]string, bool) {
+			return []string{"api.github.com", "api.example.com"}, slices.Contains(names, n)
+		}
 	}
 	cfg, err := config.Parse("c.yaml", []byte(`version: 1
 egress:

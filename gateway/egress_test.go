@@ -14,14 +14,14 @@ import (
 func TestPlanEgress(t *testing.T) {
 	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	claude := profile.Default()
-	secrets := func(names ...string) func(string) bool {
-		return func(n string) bool {
+	secrets := func(names ...string) storedSecrets {
+		return func(n string) ([]string, bool) {
 			for _, s := range names {
 				if s == n {
-					return true
+					return nil, true
 				}
 			}
-			return false
+			return nil, false
 		}
 	}
 	t.Run("profile hosts make a curated default", func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestPlanEgress(t *testing.T) {
 		}
 	})
 	t.Run("allow-all expires and seeds nothing", func(t *testing.T) {
-		p, err := planEgress(api.CreateRequest{EgressMode: "allow-all=90m", Secrets: []string{"X@a.example"}}, claude, now, secrets("X"))
+		p, err := planEgress(api.CreateRequest{EgressMode: "allow-all=90m", Secrets: []string{"X@a.example"}, UserSecrets: true}, claude, now, secrets("X"))
 		if err != nil {
 			t.Fatal(err)
 		}

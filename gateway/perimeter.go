@@ -107,19 +107,3 @@ func randomHex(n int) string {
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
-
-// secretExists asks credbroker whether a named secret is stored.
-func (g *Service) secretExists(ctx context.Context) func(string) bool {
-	list, err := g.cred().SecretList(ctx)
-	return func(name string) bool {
-		if err != nil {
-			return false
-		}
-		for _, s := range list.Secrets {
-			if s.Name == name {
-				return true
-			}
-		}
-		return false
-	}
-}

@@ -211,7 +211,7 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	if sb.Volumes, err = parseNamedMounts(r.MountNamed); err != nil {
 		return nil, err
 	}
-	plan, err := planEgress(r, prof, time.Now(), g.secretExists(ctx))
+	plan, err := planEgress(r, prof, time.Now(), g.storedSecrets(ctx))
 	if err != nil {
 		return nil, err
 	}

@@ -70,7 +70,7 @@ func storeToken(s *testutil.Stack) error {
 	b := make([]byte, 20)
 	rand.Read(b)
 	ghToken = "ghp_" + hex.EncodeToString(b)
-	if _, errOut, code := s.NexusIn(nopTB{}, []byte(ghToken+"\n"), "secret", "set", "GH_TOKEN"); code != 0 {
+	if _, errOut, code := s.NexusIn(nopTB{}, []byte(ghToken+"\n"), "secret", "set", "GH_TOKEN", "--host", "api.github.com,uploads.github.com,github.com"); code != 0 {
 		return fmt.Errorf("secret set GH_TOKEN: %s", errOut)
 	}
 	return nil

@@ -99,6 +99,9 @@ func printEffective(w io.Writer, c *config.Config) {
 			if s.Env != "" {
 				env = " as $" + s.Env
 			}
+			if s.Header != "" {
+				env += " in header " + s.Header
+			}
 			fmt.Fprintf(w, "  %s → %s%s\n", s.Name, strings.Join(s.Hosts, ", "), env)
 		}
 	}

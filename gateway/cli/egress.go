@@ -85,7 +85,7 @@ func secretCommand() *cobra.Command {
 	set.Flags().StringVar(&fromEnv, "from-env", "", "read the value from this environment variable")
 	set.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file")
 	set.Flags().StringVar(&command, "command", "", "run this on the host each time the value is needed (e.g. 'gh auth token')")
-	set.Flags().StringArrayVar(&hosts, "host", nil, "hosts the secret is meant for (informational)")
+	set.Flags().StringSliceVar(&hosts, "host", nil, "the only hosts the secret may be sent to: h1,h2 or repeated; *.example.com allowed (without it only `nexus create --secret NAME@host` can bind it)")
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List secrets (names, hosts, updated; never values)",

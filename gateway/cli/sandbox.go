@@ -83,6 +83,7 @@ func createCommand() *cobra.Command {
 				return err
 			}
 			r.Name = args[0]
+			r.UserSecrets = len(r.Secrets) > 0 // typed here: may bind a secret stored without hosts
 			return booting(cmd, c, api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
 				r.Progress = progress
 				return c.Create(ctx, r)
@@ -100,7 +101,7 @@ func createCommand() *cobra.Command {
 	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
 	f.StringArrayVar(&r.AllowHosts, "allow-host", nil, "allow HOST[:PORT] (repeatable; a bare host means 443 and 80)")
 	f.StringArrayVar(&r.Repos, "repo", nil, "bind a GitHub repo owner/repo (repeatable)")
-	f.StringArrayVar(&r.Secrets, "secret", nil, "broker secret NAME@host[,host] (repeatable)")
+	f.StringArrayVar(&r.Secrets, "secret", nil, "broker secret NAME@host[,host][:header=NAME], within the hosts it was stored for (repeatable)")
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
 	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")

@@ -35,6 +35,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/httppolicy"
 	"github.com/IniZio/nexus/pkg/policy"
@@ -74,6 +75,9 @@ type Secret struct {
 	Name  string   `json:"name"`
 	Hosts []string `json:"hosts"`
 	Env   string   `json:"env,omitempty"`
+	// Header is the request header the placeholder is swapped in (x-api-key), lower case;
+	// empty means Authorization (Bearer, token or Basic).
+	Header string `json:"header,omitempty"`
 }
 
 // ConflictError is the refusal of a host listed both open and policy-gated, word for word as the
@@ -361,6 +365,16 @@ func (p *parser) secret(n *yaml.Node, e *Egress) error {
 			s.Env = env
 			return nil
 		},
+		"header": func(_, v *yaml.Node) error {
+			h, err := p.scalar(v, "egress.secrets header")
+			if err != nil {
+				return err
+			}
+			if s.Header, err = credapi.CredentialHeader(h); err != nil {
+				return p.errf(v, "egress.secrets: %v", err)
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return err
@@ -541,6 +555,9 @@ func (c *Config) Validate() error {
 		}
 		if len(s.Hosts) == 0 {
 			return errdefs.Invalid("nexus config: egress.secrets %s: hosts is missing", s.Name)
+		}
+		if _, err := credapi.CredentialHeader(s.Header); err != nil {
+			return errdefs.Invalid("nexus config: egress.secrets %s: %v", s.Name, err)
 		}
 		for _, h := range s.Hosts {
 			if _, err := checkSecretHost(h); err != nil {

@@ -172,7 +172,7 @@ func (b *Broker) Set(req credapi.SecretSetRequest) error {
 	case len(req.Command) > maxCommandBytes:
 		return errdefs.Invalid("secret %s: command is longer than %d bytes", req.Name, maxCommandBytes)
 	}
-	hosts, err := normalizeHosts(req.Hosts)
+	hosts, err := credapi.NormalizeStoredHosts(req.Hosts)
 	if err != nil {
 		return fmt.Errorf("secret %s: %w", req.Name, err)
 	}
@@ -232,8 +232,9 @@ func (b *Broker) Mint(req credapi.MintRequest) (credapi.MintResponse, error) {
 		return resp, errdefs.Invalid("mint: no sandbox id")
 	}
 	type minted struct {
-		hash string
-		rec  placeholderRecord
+		hash   string
+		header string
+		rec    placeholderRecord
 	}
 	err := b.update(func(st *state) error {
 		forgetLocked(st, req.SandboxID)
@@ -249,11 +250,22 @@ func (b *Broker) Mint(req credapi.MintRequest) (credapi.MintResponse, error) {
 			if err != nil {
 				return fmt.Errorf("secret %s: %w", bd.Secret, err)
 			}
-			if len(hosts) == 0 {
-				hosts = slices.Clone(sec.Hosts)
+			if len(hosts) == 0 { // the stored exact names (a wildcard names no host to mint for)
+				hosts = slices.DeleteFunc(slices.Clone(sec.Hosts), func(h string) bool { return strings.HasPrefix(h, "*.") })
 			}
 			if len(hosts) == 0 {
 				return errdefs.Invalid("secret %s is bound to no host (use --secret %s@host)", bd.Secret, bd.Secret)
+			}
+			// The stored hosts are the ceiling of every binding (the gateway checks who asks
+			// for a secret stored without hosts).
+			for _, h := range hosts {
+				if len(sec.Hosts) > 0 && !credapi.WithinHosts(sec.Hosts, h) {
+					return credapi.OutsideHostsError(bd.Secret, h, sec.Hosts)
+				}
+			}
+			header, err := credapi.CredentialHeader(bd.Header)
+			if err != nil {
+				return fmt.Errorf("secret %s: %w", bd.Secret, err)
 			}
 			if _, ok := credapi.KindEnv[bd.Kind]; !ok && bd.Kind != credapi.KindGeneric {
 				return errdefs.Invalid("secret %s: unknown credential kind %q", bd.Secret, bd.Kind)
@@ -263,7 +275,7 @@ func (b *Broker) Mint(req credapi.MintRequest) (credapi.MintResponse, error) {
 				if err != nil {
 					return "", err
 				}
-				out = append(out, minted{hash: mitmapi.HashHex(p), rec: placeholderRecord{
+				out = append(out, minted{hash: mitmapi.HashHex(p), header: header, rec: placeholderRecord{
 					Sandbox: req.SandboxID, Hosts: slices.Clone(hs), Secret: bd.Secret,
 					Value: sec.Value, Command: sec.Command, Minted: now,
 				}})
@@ -304,7 +316,7 @@ func (b *Broker) Mint(req credapi.MintRequest) (credapi.MintResponse, error) {
 		}
 		for _, m := range out {
 			st.Placeholders[m.hash] = m.rec
-			resp.Credentials = append(resp.Credentials, mitmapi.CredentialBinding{PlaceholderHash: m.hash, Hosts: slices.Clone(m.rec.Hosts)})
+			resp.Credentials = append(resp.Credentials, mitmapi.CredentialBinding{PlaceholderHash: m.hash, Hosts: slices.Clone(m.rec.Hosts), Header: m.header})
 		}
 		return nil
 	})

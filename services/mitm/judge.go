@@ -2,7 +2,6 @@ package mitm
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -93,6 +92,7 @@ func checkPlaceholders(_ *Proxy, rs *reqState) *verdict {
 	if rs.use.leak {
 		return leakVerdict(host)
 	}
+	rs.rewrite.CredentialHeader = rs.use.header // where a swap or a strip acts
 	if c := rs.req.Chunks; c != nil && len(sb.creds) > 0 {
 		// Trailer fields come after the body: they are looked at when they arrive.
 		c.Check = func(tr *http1.Head) error {
@@ -144,8 +144,8 @@ func checkSwap(p *Proxy, rs *reqState) *verdict {
 	if placeholder == "" {
 		placeholder = use.basicPass
 	}
-	if placeholder == "" {
-		return nil
+	if placeholder == "" || rs.sess.scheme != "https" {
+		return nil // a real credential goes upstream only inside TLS
 	}
 	sb, host := rs.sess.sb, rs.sess.host
 	secret, err := p.resolve(context.Background(), sb, host, placeholder)
@@ -163,11 +163,7 @@ func checkSwap(p *Proxy, rs *reqState) *verdict {
 		return &verdict{status: http.StatusBadGateway, rule: RuleCredUnavailable, reason: fmt.Sprintf(
 			"nexus: the credential for %s is not a valid header value (set it again without line breaks: `nexus secret set`)", host)}
 	}
-	if use.bearer != "" {
-		rs.rewrite.Authorization = "Bearer " + secret
-	} else {
-		rs.rewrite.Authorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(use.basicUser+":"+secret))
-	}
+	rs.rewrite.Authorization = use.swappedCredential(secret)
 	rs.swapped = true
 	return nil
 }

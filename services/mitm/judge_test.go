@@ -63,7 +63,7 @@ func (f *judgeFixture) state(t testing.TB, host, raw string) *reqState {
 	if err := req.Read(bufio.NewReader(strings.NewReader(raw)), MaxRequestHeaderBytes); err != nil {
 		t.Fatal(err)
 	}
-	sess := &session{sb: f.sb, host: host, port: "443", addr: host + ":443", allowed: f.sb.Allowed.Match(host)}
+	sess := &session{sb: f.sb, host: host, port: "443", addr: host + ":443", scheme: "https", allowed: f.sb.Allowed.Match(host)}
 	return &reqState{sess: sess, req: req, path: req.URL.Path, rewrite: http1.Rewrite{DefaultHost: sess.addr}}
 }
 

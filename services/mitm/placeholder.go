@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/IniZio/nexus/services/mitm/internal/http1"
@@ -42,8 +43,11 @@ func eachHex64[T ~string | ~[]byte](s T, fn func(tok T) bool) {
 type placeholderUse struct {
 	// leak is set when a placeholder not bound to the request's host appears anywhere.
 	leak bool
-	// bearer is the Authorization placeholder bound to the host, to be swapped.
-	bearer string
+	// bearer is the placeholder bound to the host found in its credential position, to be
+	// swapped: the token of "Bearer <p>" or "token <p>" (what gh sends) in Authorization, with
+	// its scheme, or the whole value of the header its binding names (header,
+	// lower case: x-api-key).
+	bearer, scheme, header string
 	// basicUser/basicPass: a Basic credential whose password is a placeholder bound to the
 	// host (git over HTTPS); the password is swapped.
 	basicUser, basicPass string
@@ -82,16 +86,25 @@ func scanPlaceholders(sb *Sandbox, r *http1.Request, host string) placeholderUse
 		checkBytes(f.Name)
 		if auth == nil && f.Is("Authorization") {
 			auth = f.Value
-			// The common case, "Bearer <placeholder>", is looked up once.
-			if tok, ok := bearerPlaceholder(f.Value); ok {
+			// The common case, "Bearer <placeholder>" (or gh's "token <placeholder>"), is
+			// looked up once.
+			if scheme, tok, ok := authPlaceholder(f.Value); ok {
 				hosts, found := sb.placeholderBytes(tok)
 				if !bound(hosts, found) {
 					return u
 				}
-				if found {
-					bearer = tok
+				if found && bearer == nil && sb.credentialHeader(tok) == "" {
+					bearer, u.scheme = tok, scheme
 				}
 				continue
+			}
+		}
+		if bearer == nil && len(sb.credHeaders) > 0 && slices.ContainsFunc(sb.credHeaders, f.Is) {
+			// A secret bound to a header (x-api-key) is swapped only as that header's whole value.
+			if tok := bytes.Trim(f.Value, " \t"); len(tok) == placeholderLen {
+				if hosts, found := sb.placeholderBytes(tok); found && hosts.Match(host) && f.Is(sb.credentialHeader(tok)) {
+					bearer, u.header = tok, sb.credentialHeader(tok)
+				}
 			}
 		}
 		checkBytes(f.Value)
@@ -108,13 +121,13 @@ func scanPlaceholders(sb *Sandbox, r *http1.Request, host string) placeholderUse
 	}
 	check(r.Target)
 	check(r.URL.Path)
-	if u.leak || auth == nil {
+	if u.leak || auth == nil && bearer == nil {
 		return u
 	}
 	if bearer != nil {
 		u.bearer = string(bearer)
 	} else if user, pass, ok := basicAuth(string(auth)); ok && len(pass) == placeholderLen {
-		if hosts, ok := sb.placeholder(pass); ok && hosts.Match(host) {
+		if hosts, ok := sb.placeholder(pass); ok && hosts.Match(host) && sb.credentialHeader([]byte(pass)) == "" {
 			u.basicUser, u.basicPass = user, pass
 		}
 	}
@@ -156,22 +169,51 @@ func basicAuth(h string) (user, pass string, ok bool) {
 	return user, pass, true
 }
 
-// bearerPlaceholder extracts the token of "Bearer <64 hex digits>" (scheme in any case, spaces
-// around the token allowed): the shape of a placeholder in an Authorization value.
-func bearerPlaceholder(v []byte) ([]byte, bool) {
-	if len(v) < 7 || !bytes.EqualFold(v[:7], []byte("bearer ")) {
-		return nil, false
+// Authorization schemes a placeholder token is swapped under, as they are sent upstream.
+const (
+	schemeBearer = "Bearer"
+	schemeToken  = "token" // the gh CLI's
+)
+
+// authPlaceholder extracts the scheme and token of "Bearer <64 hex digits>" or
+// "token <64 hex digits>" (scheme in any case, spaces around the token allowed): the shapes of a
+// placeholder in an Authorization value.
+func authPlaceholder(v []byte) (scheme string, tok []byte, ok bool) {
+	name, rest, found := bytes.Cut(v, []byte(" "))
+	switch {
+	case !found:
+		return "", nil, false
+	case bytes.EqualFold(name, []byte(schemeBearer)):
+		scheme = schemeBearer
+	case bytes.EqualFold(name, []byte(schemeToken)):
+		scheme = schemeToken
+	default:
+		return "", nil, false
 	}
-	tok := bytes.Trim(v[7:], " \t")
+	tok = bytes.Trim(rest, " \t")
 	if len(tok) != placeholderLen {
-		return nil, false
+		return "", nil, false
 	}
 	for _, c := range tok {
 		if !isHex(c) {
-			return nil, false
+			return "", nil, false
 		}
 	}
-	return tok, true
+	return scheme, tok, true
+}
+
+// swappedCredential is what is forwarded in the placeholder's credential position once the real
+// credential is known: the guest's own Authorization scheme with the real token (Bearer, token),
+// Basic with the real password, or the real value as the whole of the bound header.
+func (u *placeholderUse) swappedCredential(secret string) string {
+	switch {
+	case u.header != "":
+		return secret
+	case u.bearer != "":
+		return u.scheme + " " + secret
+	default:
+		return "Basic " + base64.StdEncoding.EncodeToString([]byte(u.basicUser+":"+secret))
+	}
 }
 
 // redactPlaceholders replaces this sandbox's placeholders in s (for audit paths).

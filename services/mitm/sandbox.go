@@ -1,12 +1,15 @@
 package mitm
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,8 +67,12 @@ type Sandbox struct {
 	TokenHash [32]byte
 	Allowed   HostSet
 	// creds maps a placeholder's SHA-256 to the hosts it is swapped on.
-	creds  map[[32]byte]HostSet
-	Policy HTTPPolicy
+	creds map[[32]byte]HostSet
+	// credHeader maps the placeholders bound to a header other than Authorization (x-api-key)
+	// to that header; credHeaders lists those headers.
+	credHeader  map[[32]byte]string
+	credHeaders []string
+	Policy      HTTPPolicy
 
 	// released caches credentials resolved for this sandbox, so a burst of requests costs one
 	// resolve. It lives and dies with this registration.
@@ -106,6 +113,16 @@ func NewSandbox(p mitmapi.SandboxPolicy, policy HTTPPolicy) (*Sandbox, error) {
 			return nil, errdefs.Invalid("mitm: sandbox %s: credential hosts: %v", p.ID, err)
 		}
 		sb.creds[h] = hosts
+		if c.Header != "" {
+			if sb.credHeader == nil {
+				sb.credHeader = map[[32]byte]string{}
+			}
+			hdr := strings.ToLower(c.Header)
+			sb.credHeader[h] = hdr
+			if !slices.Contains(sb.credHeaders, hdr) {
+				sb.credHeaders = append(sb.credHeaders, hdr)
+			}
+		}
 	}
 	return sb, nil
 }
@@ -150,6 +167,15 @@ func (sb *Sandbox) placeholderBytes(tok []byte) (HostSet, bool) {
 	}
 	hosts, ok := sb.creds[sha256.Sum256(lower[:])]
 	return hosts, ok
+}
+
+// credentialHeader is the header a placeholder of this sandbox is swapped in: "" for
+// Authorization (the default), else the lower-case header its binding names.
+func (sb *Sandbox) credentialHeader(tok []byte) string {
+	if len(sb.credHeader) == 0 || len(tok) != placeholderLen {
+		return ""
+	}
+	return sb.credHeader[sha256.Sum256(bytes.ToLower(tok))]
 }
 
 // Registry is an in-memory Sandboxes, fed by the mitm service's register/forget endpoints.

@@ -75,6 +75,9 @@ type Binding struct {
 	// Env optionally names one more guest variable carrying the binding's placeholder
 	// (.nexus/config.yaml egress.secrets[].env).
 	Env string `json:"env,omitempty"`
+	// Header, when set, is the request header the binding's placeholders are swapped in
+	// (x-api-key); by default the Authorization field (CredentialHeader).
+	Header string `json:"header,omitempty"`
 }
 
 // MintRequest mints a sandbox's placeholders; it replaces any the sandbox had.
@@ -108,7 +111,7 @@ type ForgetRequest struct {
 }
 
 // SecretSetRequest stores a secret: exactly one of Value and Command (run on the host at resolve
-// time, e.g. `gh auth token`).
+// time, e.g. `gh auth token`). Hosts are the only hosts it may ever be sent to (WithinHosts).
 type SecretSetRequest struct {
 	Name    string   `json:"name"`
 	Value   string   `json:"value,omitempty"`

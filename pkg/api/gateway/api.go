@@ -18,7 +18,7 @@ type CreateRequest struct {
 	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	AllowHosts    []string          `json:"allow_hosts,omitempty"`
 	Repos         []string          `json:"repos,omitempty"`
-	Secrets       []string          `json:"secrets,omitempty"`     // NAME@host[,host]
+	Secrets       []string          `json:"secrets,omitempty"`     // NAME@host[,host][:header=NAME]
 	Mounts        []string          `json:"mounts,omitempty"`      // host:guest[:ro]
 	MountNamed    []string          `json:"mount_named,omitempty"` // name:guest[,kind=disk]
 	NoPortForward bool              `json:"no_port_forward,omitempty"`
@@ -31,6 +31,10 @@ type CreateRequest struct {
 	Config *config.Config `json:"config,omitempty"`
 	// Progress, when set, receives boot steps (vmm.Step JSON) as they finish.
 	Progress string `json:"progress,omitempty"`
+	// UserSecrets is set by `nexus create` only: its Secrets were typed by the user, who alone
+	// may bind a secret stored without hosts. Any other creator (the MCP server) leaves it unset
+	// and binds only within the hosts stored with each secret.
+	UserSecrets bool `json:"user_secrets,omitempty"`
 }
 
 // ListRequest selects sandboxes; stopped and failed ones only with All.

@@ -75,6 +75,9 @@ type SecretBinding struct {
 	Hosts []string `json:"hosts"`
 	Kind  string   `json:"kind,omitempty"` // github, anthropic, openai or generic
 	Env   string   `json:"env,omitempty"`  // an extra guest variable carrying the placeholder
+	// Header is the request header the placeholder is swapped in (x-api-key); "" is
+	// Authorization.
+	Header string `json:"header,omitempty"`
 }
 
 // Mount is a host directory shared into the guest.

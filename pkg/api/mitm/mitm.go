@@ -49,6 +49,9 @@ type SandboxPolicy struct {
 type CredentialBinding struct {
 	PlaceholderHash string   `json:"placeholder_hash"`
 	Hosts           []string `json:"hosts"`
+	// Header, when set, is the lower-case request header whose whole value the placeholder is
+	// swapped in (x-api-key); by default it is swapped in Authorization (Bearer, token, Basic).
+	Header string `json:"header,omitempty"`
 }
 
 // RegisterRequest adds or replaces a sandbox's policy.

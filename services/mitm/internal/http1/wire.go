@@ -20,6 +20,9 @@ type Rewrite struct {
 	// without one gets none); DropAuthorization sends none.
 	Authorization     string
 	DropAuthorization bool
+	// CredentialHeader, when set, names the field Authorization and DropAuthorization act on
+	// instead of Authorization (a credential bound to x-api-key).
+	CredentialHeader string
 }
 
 // WriteRequest writes req as a server receives it from the proxy: its method and target, its
@@ -32,6 +35,10 @@ func WriteRequest(bw *bufio.Writer, req *Request, rw Rewrite) error {
 	bw.WriteString(" HTTP/1.1\r\n")
 	hasHost, authDone := false, false
 	replaceAuth := rw.DropAuthorization || rw.Authorization != ""
+	authField := "Authorization"
+	if rw.CredentialHeader != "" {
+		authField = rw.CredentialHeader
+	}
 	chunked := req.Body != nil && req.Framing.Chunked
 	for _, f := range req.Fields {
 		switch {
@@ -44,9 +51,9 @@ func WriteRequest(bw *bufio.Writer, req *Request, rw Rewrite) error {
 			continue
 		case f.Is("Host"):
 			hasHost = true
-		case replaceAuth && f.Is("Authorization"):
+		case replaceAuth && f.Is(authField):
 			if !authDone && !rw.DropAuthorization {
-				writeField(bw, "Authorization", rw.Authorization)
+				writeField(bw, authField, rw.Authorization)
 			}
 			authDone = true
 			continue
