@@ -102,6 +102,7 @@ func (g *Service) Run(ctx context.Context) error {
 				return g.reg.Get(ctx, name)
 			}),
 			api.List.Serve(s, g.list),
+			api.Stats.Serve(s, g.stats),
 			api.Start.Serve(s, g.apply(g.start)),
 			api.Stop.Serve(s, g.apply(g.stop)),
 			api.Pause.Serve(s, g.apply(g.pause)),

@@ -293,3 +293,41 @@ func TestTTLRemovesTheSandboxAcrossARestart(t *testing.T) {
 		return nil
 	})
 }
+
+// nexus stats reports figures that move: CPU while the guest burns it, disk as it writes.
+func TestStatsMoveWithTheGuest(t *testing.T) {
+	create(t, "stats/box")
+	sample := func() api.SandboxStats {
+		t.Helper()
+		out := stack.MustNexus(t, "stats", "stats/box", "--json")
+		var list []api.SandboxStats
+		if err := json.Unmarshal([]byte(out), &list); err != nil || len(list) != 1 {
+			t.Fatalf("stats --json: %v: %s", err, out)
+		}
+		return list[0]
+	}
+	idle := sample()
+	if idle.MemoryMiB != 256 || idle.RSSBytes <= 0 || idle.DiskSizeBytes <= 0 || idle.DiskUsedBytes <= 0 {
+		t.Fatalf("idle sample: %+v", idle)
+	}
+	// A guest writing 32 MiB to its root disk.
+	stack.MustNexus(t, "exec", "stats/box", "--", "sh", "-c", "dd if=/dev/urandom of=/stats.bin bs=1M count=32 2>/dev/null && sync")
+	if wrote := sample(); wrote.DiskUsedBytes < idle.DiskUsedBytes+16<<20 {
+		t.Errorf("disk used %d after writing 32 MiB, %d before", wrote.DiskUsedBytes, idle.DiskUsedBytes)
+	}
+	// A guest burning a core while a sample is taken.
+	burn := stack.Command("exec", "stats/box", "--", "sh", "-c", "end=$(($(date +%s)+8)); while [ $(date +%s) -lt $end ]; do :; done")
+	if err := burn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer burn.Wait()
+	testutil.WaitFor(t, 8*time.Second, func() error {
+		if busy := sample(); busy.CPUPercent < 25 || busy.CPUPercent < 2*idle.CPUPercent {
+			return fmt.Errorf("CPU %.1f%% while the guest burns a core, %.1f%% idle", busy.CPUPercent, idle.CPUPercent)
+		}
+		return nil
+	})
+	if out := stack.MustNexus(t, "stats"); !strings.Contains(out, "stats/box") || !strings.Contains(out, "CPU%") {
+		t.Errorf("stats table:\n%s", out)
+	}
+}

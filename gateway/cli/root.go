@@ -55,7 +55,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(
 		statusCommand(),
 		// sandboxes
-		createCommand(), psCommand(), sandboxCommand(),
+		createCommand(), psCommand(), statsCommand(), sandboxCommand(),
 		execCommand(), attachCommand(), cpCommand(), logsCommand(), portsCommand(),
 		snapshotCommand(), forkCommand(), volumeCommand(),
 		// images, secrets and the perimeter

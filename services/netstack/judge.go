@@ -145,5 +145,12 @@ func (n *network) judgeICMP(dst netip.Addr) bool {
 }
 
 func countersOf(n *network) netstackapi.Counters {
-	return netstackapi.Counters{Allowed: n.allowed.Load(), Denied: n.denied.Load()}
+	c := netstackapi.Counters{Allowed: n.allowed.Load(), Denied: n.denied.Load(), Flows: n.conns.len()}
+	if n.stack != nil {
+		if nic, ok := n.stack.NICInfo()[nicID]; ok {
+			// The NIC's receive side is what the guest sent out.
+			c.BytesOut, c.BytesIn = nic.Stats.Rx.Bytes.Value(), nic.Stats.Tx.Bytes.Value()
+		}
+	}
+	return c
 }

@@ -245,7 +245,9 @@ func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, err
 }
 
 func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
-	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid(), Started: m.vm.Started(), RSSBytes: rss(m.vm.Pid())}
+	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid(), Started: m.vm.Started(), RSSBytes: rss(m.vm.Pid()),
+		CPUSeconds: cpuSeconds(m.vm.Pid())}
+	vi.DiskUsedBytes, vi.DiskSizeBytes = diskUsage(m.vm.Spec().Disk)
 	if paused, err := m.vm.Paused(ctx); err == nil && paused {
 		vi.Paused = true
 	}

@@ -57,6 +57,7 @@ var Endpoints = []bus.Route{
 	Images, Image, SecretSet, SecretList, SecretRemove, EgressShow, EgressExplain,
 	SnapshotCreate, SnapshotList, SnapshotRemove, VolumeList, VolumeRemove,
 	DelegateCreate, DelegateDispatch, DelegatePoll, DelegateTeardown, // delegate.go
+	Stats, // stats.go
 }
 
 // PortsRequest names one sandbox, or none for all of them.

@@ -137,4 +137,9 @@ type DNSEntry struct {
 type Counters struct {
 	Allowed uint64 `json:"allowed"`
 	Denied  uint64 `json:"denied"`
+	// BytesOut and BytesIn are what the guest's NIC sent and received (every frame, on the
+	// perimeter's side of it); Flows is the number of forwarded connections open now.
+	BytesOut uint64 `json:"bytes_out"`
+	BytesIn  uint64 `json:"bytes_in"`
+	Flows    int    `json:"flows"`
 }

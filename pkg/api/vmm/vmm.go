@@ -112,7 +112,13 @@ type VMInfo struct {
 	Paused   bool      `json:"paused"`
 	PID      int       `json:"pid,omitempty"`
 	RSSBytes int64     `json:"rss_bytes,omitempty"`
-	Started  time.Time `json:"started,omitzero"`
+	// CPUSeconds is the host CPU time the VM's process has used (user and system).
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
+	// DiskUsedBytes is what the root disk's overlay takes on the host; DiskSizeBytes the size
+	// the guest sees.
+	DiskUsedBytes int64     `json:"disk_used_bytes,omitempty"`
+	DiskSizeBytes int64     `json:"disk_size_bytes,omitempty"`
+	Started       time.Time `json:"started,omitzero"`
 	Failed   string    `json:"failed,omitempty"` // why the VM is gone or unhealthy
 }
 

@@ -1,0 +1,47 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"github.com/IniZio/nexus/pkg/bus"
+)
+
+// Stats reports what running sandboxes use now (`nexus stats`).
+var Stats = bus.Endpoint[StatsRequest, []SandboxStats]{Scope: bus.GatewayAPI, Verb: "sandbox.stats"}
+
+// StatsRequest names sandboxes, or selects them by label; neither means every running one.
+type StatsRequest struct {
+	Names    []string `json:"names,omitempty"`
+	Selector []string `json:"selector,omitempty"`
+}
+
+// SandboxStats is one sample of a sandbox's use. CPU is a running total: a rate needs two
+// samples (CPUPercent, which `nexus stats` fills from two).
+type SandboxStats struct {
+	Name  string    `json:"name"`
+	ID    string    `json:"id"`
+	State State     `json:"state"`
+	Time  time.Time `json:"time"`
+	// CPUSeconds is the host CPU time its VM has used; CPUPercent the share of one core it used
+	// between two samples.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	CPUPercent float64 `json:"cpu_percent"`
+	VCPUs      int     `json:"vcpus"`
+	// MemoryMiB is the guest's memory; RSSBytes what its VM holds of the host's.
+	MemoryMiB int   `json:"memory_mib"`
+	RSSBytes  int64 `json:"rss_bytes"`
+	// DiskUsedBytes is what its root disk takes on the host; DiskSizeBytes what the guest sees.
+	DiskUsedBytes int64 `json:"disk_used_bytes"`
+	DiskSizeBytes int64 `json:"disk_size_bytes"`
+	// NetOutBytes and NetInBytes are what its NIC sent and received; Connections the forwarded
+	// connections open now.
+	NetOutBytes uint64 `json:"net_out_bytes"`
+	NetInBytes  uint64 `json:"net_in_bytes"`
+	Connections int    `json:"connections"`
+}
+
+// Stats samples the sandboxes r names.
+func (c *Client) Stats(ctx context.Context, r StatsRequest) ([]SandboxStats, error) {
+	return Stats.Call(ctx, c.nc, "", r)
+}
