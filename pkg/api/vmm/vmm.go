@@ -107,11 +107,11 @@ type IDRequest struct {
 
 // VMInfo is what the vmm knows of one VM.
 type VMInfo struct {
-	ID       string    `json:"id"`
-	Running  bool      `json:"running"`
-	Paused   bool      `json:"paused"`
-	PID      int       `json:"pid,omitempty"`
-	RSSBytes int64     `json:"rss_bytes,omitempty"`
+	ID       string `json:"id"`
+	Running  bool   `json:"running"`
+	Paused   bool   `json:"paused"`
+	PID      int    `json:"pid,omitempty"`
+	RSSBytes int64  `json:"rss_bytes,omitempty"`
 	// CPUSeconds is the host CPU time the VM's process has used (user and system).
 	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 	// DiskUsedBytes is what the root disk's overlay takes on the host; DiskSizeBytes the size
@@ -119,7 +119,7 @@ type VMInfo struct {
 	DiskUsedBytes int64     `json:"disk_used_bytes,omitempty"`
 	DiskSizeBytes int64     `json:"disk_size_bytes,omitempty"`
 	Started       time.Time `json:"started,omitzero"`
-	Failed   string    `json:"failed,omitempty"` // why the VM is gone or unhealthy
+	Failed        string    `json:"failed,omitempty"` // why the VM is gone or unhealthy
 }
 
 // Empty is the request or response of endpoints that carry nothing.
