@@ -215,6 +215,9 @@ func Load(fs *pflag.FlagSet) (*Values, error) {
 		if f == nil {
 			continue
 		}
+		if _, ok := f.Value.(*value); !ok {
+			continue // a command's own flag of the same name (`nexus secret set --host`)
+		}
 		raw := s.Default
 		if f.Changed {
 			raw = f.Value.String()
