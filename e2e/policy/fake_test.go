@@ -141,7 +141,7 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	switch {
 	case r.Method == "GET" && r.URL.Path == "/":
-		w.Header().Set("X-OAuth-Scopes", "repo")
+		w.Header().Set("X-OAuth-Scopes", "repo, read:org") // the scopes gh auth status asks for
 		fmt.Fprint(w, `{"current_user_url":"https://api.github.com/user"}`)
 	case r.Method == "POST" && r.URL.Path == "/graphql":
 		fmt.Fprint(w, `{"data":{"viewer":{"login":"nexus-bot"}}}`)

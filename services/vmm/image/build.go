@@ -19,8 +19,9 @@ import (
 // Suite is the Debian release both images come from.
 const Suite = "bookworm"
 
-// BasePackages are installed into nexus-base on top of minbase.
-var BasePackages = []string{"ca-certificates", "git", "curl", "openssh-client"}
+// BasePackages are installed into nexus-base on top of minbase (gh: the GitHub CLI, working in
+// the guest through the brokered GH_TOKEN placeholder). Change Recipe with this list.
+var BasePackages = []string{"ca-certificates", "git", "curl", "openssh-client", "gh"}
 
 // DefaultMirror is used when the host's apt sources name no Debian mirror for Suite.
 const DefaultMirror = "http://deb.debian.org/debian"

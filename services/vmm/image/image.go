@@ -1,7 +1,7 @@
 // Package image builds and manages the guests' ext4 root images (DESIGN §4, §8).
 //
 //	nexus-mini   busybox-static from Debian: /bin/busybox, its applet links, passwd/group; seconds
-//	nexus-base   debootstrap --variant=minbase bookworm + ca-certificates, git, curl, openssh-client
+//	nexus-base   debootstrap --variant=minbase bookworm + ca-certificates, git, curl, openssh-client, gh
 //	nexus-agent-base  nexus-base + Debian's nodejs and npm + @anthropic-ai/claude-code from npm
 //
 // Images are made with `mkfs.ext4 -d` from a root directory (no loop mounts, works without
@@ -261,7 +261,7 @@ func lock(ctx context.Context, h home.Dir, name string) (func(), error) {
 
 // Recipe names the content of each image; change it when a build step changes so cached
 // copies of the old content are not reused.
-var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-1", AgentBase: "agent-base-bookworm-1"}
+var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-2", AgentBase: "agent-base-bookworm-2"}
 
 func cachedPath(cache, name string) string {
 	return filepath.Join(cache, "images", Recipe[name]+".ext4")

@@ -197,7 +197,7 @@ func TestBase(t *testing.T) {
 	t.Logf("nexus-base built in %v: size %d MiB, on disk %d MiB, content %d MiB",
 		time.Since(start).Round(time.Second), info.Size>>20, info.DiskUsage>>20, info.Content>>20)
 	bin := debugfsLs(t, info.Path, "/usr/bin")
-	for _, want := range []string{"git", "curl", "ssh", "bash"} {
+	for _, want := range []string{"git", "curl", "ssh", "bash", "gh"} {
 		if !hasEntry(bin, want) {
 			t.Errorf("/usr/bin lacks %q", want)
 		}
