@@ -30,6 +30,10 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		proto = "tcp"
 	}
 	ev := audit.Event{Layer: audit.LayerDNS, Proto: proto, IP: GatewayIP, Port: 53, Decision: audit.Deny}
+	if !n.budget.dns.Allow() {
+		n.refuseDNS(w, req, ev)
+		return
+	}
 	m := new(dns.Msg)
 	m.SetReply(req)
 	m.RecursionAvailable = true

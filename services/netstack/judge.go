@@ -145,7 +145,7 @@ func (n *network) judgeICMP(dst netip.Addr) bool {
 }
 
 func countersOf(n *network) netstackapi.Counters {
-	c := netstackapi.Counters{Allowed: n.allowed.Load(), Denied: n.denied.Load(), Flows: n.conns.len()}
+	c := netstackapi.Counters{Allowed: n.allowed.Load(), Denied: n.denied.Load(), Flows: n.conns.len(), Limited: n.budget.limited.Load()}
 	if n.stack != nil {
 		if nic, ok := n.stack.NICInfo()[nicID]; ok {
 			// The NIC's receive side is what the guest sent out.

@@ -66,6 +66,7 @@ type network struct {
 	dhcp   *dhcp.Server
 
 	conns    *conntrack // forwarded flows, judged again when the policy changes
+	budget   *budget    // egress limits
 	expiryMu sync.Mutex
 	expiry   *time.Timer // sweeps conns when allow-all ends
 
@@ -91,6 +92,7 @@ func newNetwork(s *Manager, spec Spec, pol Policy, allow *policy.Allowlist) (_ *
 		allow:      allow,
 		table:      newDNSTable(),
 		conns:      newConntrack(),
+		budget:     newBudget(spec.Limits),
 	}
 	defer func() {
 		if err != nil {
@@ -339,6 +341,7 @@ func (n *network) close() {
 		_ = os.Remove(n.socketPath)
 	}
 	n.conns.closeAll()
+	n.flushLimits()
 	for _, srv := range n.dnsSrv {
 		_ = srv.Shutdown()
 	}
@@ -389,6 +392,7 @@ func (n *network) info() Info {
 		GuestAttached: attached,
 		DNS:           n.table.entries(),
 		Counters:      countersOf(n),
+		Limits:        n.budget.lim,
 	}
 }
 

@@ -156,6 +156,9 @@ func (s *Manager) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 		return Info{}, errdefs.Invalid("create network %s: socket path is longer than 107 bytes", spec.SandboxID)
 	}
 	pol, allow, err := normalizePolicy(spec.Policy, time.Now())
+	if err == nil {
+		err = spec.Limits.Validate()
+	}
 	if err != nil {
 		return Info{}, fmt.Errorf("create network %s: %w", spec.SandboxID, err)
 	}

@@ -33,6 +33,11 @@ func (n *network) handleTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
+	if !n.admit(v) {
+		r.Complete(true)
+		return
+	}
+	defer n.release()
 	if v.shim {
 		f.shim = true
 		n.serveShim(r, v, f)
@@ -96,7 +101,7 @@ func (n *network) splice(guest *guestConn, up net.Conn, f *flow) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = io.CopyBuffer(countingWriter{up, &f.bytes}, guest, make([]byte, 64<<10))
+		_, _ = io.CopyBuffer(egressWriter{n, countingWriter{up, &f.bytes}}, guest, make([]byte, 64<<10))
 		if cw, ok := up.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		} else {

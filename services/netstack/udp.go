@@ -26,15 +26,26 @@ func (n *network) handleUDP(id stack.TransportEndpointID, pkt *stack.PacketBuffe
 	}
 	dst := netip.AddrFrom4(id.LocalAddress.As4())
 	v := n.judgeUDP(dst, int(id.LocalPort), n.namesFor(dst, time.Now()))
-	n.emit(v.ev)
 	if !v.allowed() {
+		n.emit(v.ev)
 		return true
 	}
-	return n.udpFwd.HandlePacket(id, pkt)
+	if !n.admit(v) {
+		return true
+	}
+	n.emit(v.ev)
+	return n.udpFwd.HandlePacket(id, pkt) // handleUDPFlow runs now and owns the admitted slot
 }
 
-// handleUDPFlow proxies one allow-all UDP flow to its real destination.
+// handleUDPFlow proxies one allow-all UDP flow to its real destination; it releases the slot
+// handleUDP admitted when the flow ends.
 func (n *network) handleUDPFlow(r *udp.ForwarderRequest) {
+	started := false
+	defer func() {
+		if !started {
+			n.release()
+		}
+	}()
 	id := r.ID()
 	dst := netip.AddrFrom4(id.LocalAddress.As4())
 	port := int(id.LocalPort)
@@ -56,7 +67,9 @@ func (n *network) handleUDPFlow(r *udp.ForwarderRequest) {
 	if !n.register(f) {
 		return
 	}
+	started = true
 	go func() {
+		defer n.release()
 		defer n.unregister(f)
 		defer f.close()
 		go func() {
@@ -81,6 +94,9 @@ func (n *network) handleUDPFlow(r *udp.ForwarderRequest) {
 				return
 			}
 			f.bytes.Add(int64(k))
+			if err := n.waitEgress(k, "udp"); err != nil {
+				return
+			}
 			if _, err := up.Write(buf[:k]); err != nil {
 				return
 			}

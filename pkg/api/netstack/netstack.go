@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/policy"
 )
 
@@ -84,6 +85,67 @@ type Spec struct {
 	// (-netdev stream,server=on), reconnecting whenever the connection ends; without it the
 	// netstack listens and QEMU connects.
 	Dial bool `json:"dial,omitempty"`
+	// Limits are the network's egress budgets; zero fields take DefaultLimits.
+	Limits Limits `json:"limits,omitzero"`
+}
+
+// Limits are a sandbox's egress budgets, enforced by its netstack. Zero fields take the
+// defaults of DefaultLimits. Hitting one is audited once per second with a count, under the
+// rule named in each field's comment.
+type Limits struct {
+	// MaxConns bounds open TCP connections and UDP flows at once (rule max_conns: the SYN is
+	// reset, the datagram dropped).
+	MaxConns int `json:"max_conns,omitempty"`
+	// ConnRate bounds new TCP connections and UDP flows per second, with a burst of as many
+	// (rule conn_rate).
+	ConnRate int `json:"conn_rate,omitempty"`
+	// DNSRate bounds DNS queries per second, with a burst of as many (rule dns_rate: REFUSED).
+	DNSRate int `json:"dns_rate,omitempty"`
+	// EgressBandwidth bounds the bytes per second the guest sends out, over all its connections
+	// (rule egress_bandwidth: writes wait; nothing is dropped).
+	EgressBandwidth int64 `json:"egress_bandwidth,omitempty"`
+}
+
+// DefaultLimits are the budgets of a sandbox that sets none: far above what builds, package
+// installs and agents use, low enough that one sandbox cannot exhaust the host's sockets.
+var DefaultLimits = Limits{MaxConns: 1024, ConnRate: 500, DNSRate: 200, EgressBandwidth: 100 << 20}
+
+// WithDefaults returns l with zero fields set from DefaultLimits.
+func (l Limits) WithDefaults() Limits { return DefaultLimits.Merge(l) }
+
+// Validate refuses negative budgets and a connection cap past what a host can hold.
+func (l Limits) Validate() error {
+	switch {
+	case l.MaxConns < 0 || l.MaxConns > MaxMaxConns:
+		return errdefs.Invalid("max conns %d is out of range: use 1 to %d", l.MaxConns, MaxMaxConns)
+	case l.ConnRate < 0:
+		return errdefs.Invalid("conn rate %d is negative: use new connections per second", l.ConnRate)
+	case l.DNSRate < 0:
+		return errdefs.Invalid("dns rate %d is negative: use queries per second", l.DNSRate)
+	case l.EgressBandwidth < 0:
+		return errdefs.Invalid("egress bandwidth %d is negative: use bytes per second, as in 10m", l.EgressBandwidth)
+	}
+	return nil
+}
+
+// MaxMaxConns is the highest connection cap a sandbox may ask for.
+const MaxMaxConns = 65536
+
+// Merge returns l with the non-zero fields of over replacing its own.
+func (l Limits) Merge(over Limits) Limits {
+	if over.MaxConns != 0 {
+		l.MaxConns = over.MaxConns
+	}
+	if over.ConnRate != 0 {
+		l.ConnRate = over.ConnRate
+	}
+	if over.DNSRate != 0 {
+		l.DNSRate = over.DNSRate
+	}
+	if over.EgressBandwidth != 0 {
+		l.EgressBandwidth = over.EgressBandwidth
+	}
+	return l
 }
 
 // CreateRequest is the body of Create.
@@ -123,6 +185,7 @@ type Info struct {
 	GuestAttached bool          `json:"guest_attached"`
 	DNS           []DNSEntry    `json:"dns,omitempty"`
 	Counters      Counters      `json:"counters"`
+	Limits        Limits        `json:"limits"` // in force, defaults filled in
 }
 
 // DNSEntry is one name the guest resolved and the IPv4 addresses it was answered.
@@ -142,4 +205,6 @@ type Counters struct {
 	BytesOut uint64 `json:"bytes_out"`
 	BytesIn  uint64 `json:"bytes_in"`
 	Flows    int    `json:"flows"`
+	// Limited counts what a budget refused or held back (connections, queries, delayed writes).
+	Limited uint64 `json:"limited"`
 }

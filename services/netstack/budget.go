@@ -1,0 +1,201 @@
+package netstack
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/time/rate"
+
+	netstackapi "github.com/IniZio/nexus/pkg/api/netstack"
+	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/bytesize"
+)
+
+// Audit rules of the egress budgets (netstackapi.Limits), one event per rule and limitWindow
+// with the count of hits in its reason.
+const (
+	RuleMaxConns        = "max_conns"        // a new flow past the concurrent-connection cap: refused
+	RuleConnRate        = "conn_rate"        // a new flow past the connections-per-second bucket: refused
+	RuleDNSRate         = "dns_rate"         // a query past the queries-per-second bucket: REFUSED
+	RuleEgressBandwidth = "egress_bandwidth" // a write past the bandwidth bucket: delayed (allow)
+)
+
+// limitWindow is how often hits of one budget are audited.
+const limitWindow = time.Second
+
+// budget is one network's egress budgets: token buckets for new flows, DNS queries and bytes
+// sent, and a count of open flows.
+type budget struct {
+	lim     netstackapi.Limits
+	open    atomic.Int64 // flows admitted and not yet ended
+	flows   *rate.Limiter
+	dns     *rate.Limiter
+	egress  *rate.Limiter
+	limited atomic.Uint64
+
+	mu   sync.Mutex
+	hits map[string]*limitHits // by rule, for the window under way
+}
+
+// limitHits are one budget's hits in a window: the first one's event and how many.
+type limitHits struct {
+	ev    audit.Event
+	count int
+	bytes int64
+}
+
+func newBudget(l netstackapi.Limits) *budget {
+	l = l.WithDefaults()
+	return &budget{
+		lim:    l,
+		flows:  rate.NewLimiter(rate.Limit(l.ConnRate), l.ConnRate),
+		dns:    rate.NewLimiter(rate.Limit(l.DNSRate), l.DNSRate),
+		egress: rate.NewLimiter(rate.Limit(l.EgressBandwidth), egressBurst(l.EgressBandwidth)),
+		hits:   map[string]*limitHits{},
+	}
+}
+
+// egressBurst is a tenth of a second's worth of bytes, and at least one 64 KiB write (the
+// largest a splice or a datagram makes at once).
+func egressBurst(bps int64) int { return int(max(bps/10, 64<<10)) }
+
+// admit claims a slot for a new flow the judge allowed: false, with the hit audited, when the
+// sandbox has MaxConns flows open or no ConnRate token left. Every true must be released.
+func (n *network) admit(v verdict) bool {
+	b := n.budget
+	rule := ""
+	if b.open.Add(1) > int64(b.lim.MaxConns) {
+		rule = RuleMaxConns
+	} else if !b.flows.Allow() {
+		rule = RuleConnRate
+	}
+	if rule == "" {
+		return true
+	}
+	b.open.Add(-1)
+	n.limitHit(rule, audit.Event{Layer: v.ev.Layer, Proto: v.ev.Proto}, 0)
+	return false
+}
+
+func (n *network) release() { n.budget.open.Add(-1) }
+
+// refuseDNS answers a query past the DNS budget with REFUSED.
+func (n *network) refuseDNS(w dns.ResponseWriter, req *dns.Msg, ev audit.Event) {
+	m := new(dns.Msg)
+	m.SetRcode(req, dns.RcodeRefused)
+	_ = w.WriteMsg(m)
+	n.dnsUDP.answered(w.RemoteAddr())
+	n.limitHit(RuleDNSRate, audit.Event{Layer: ev.Layer, Proto: ev.Proto, IP: ev.IP, Port: ev.Port}, 0)
+}
+
+// waitEgress holds a write of k bytes (k ≤ the burst) to the bandwidth budget.
+func (n *network) waitEgress(k int, proto string) error {
+	r := n.budget.egress.ReserveN(time.Now(), k)
+	if !r.OK() {
+		return errors.New("egress write larger than the bandwidth burst")
+	}
+	d := r.Delay()
+	if d <= 0 {
+		return nil
+	}
+	n.limitHit(RuleEgressBandwidth, audit.Event{Layer: audit.LayerL4, Proto: proto}, int64(k))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-n.ctx.Done():
+		r.Cancel()
+		return n.ctx.Err()
+	}
+}
+
+// egressWriter is a flow's upstream side held to the sandbox's bandwidth.
+type egressWriter struct {
+	n *network
+	w io.Writer
+}
+
+func (e egressWriter) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		k := min(len(p), e.n.budget.egress.Burst())
+		if err := e.n.waitEgress(k, "tcp"); err != nil {
+			return written, err
+		}
+		m, err := e.w.Write(p[:k])
+		written += m
+		if err != nil {
+			return written, err
+		}
+		p = p[k:]
+	}
+	return written, nil
+}
+
+// limitHit counts one hit of a budget; the first of a window schedules the window's event.
+func (n *network) limitHit(rule string, ev audit.Event, bytes int64) {
+	b := n.budget
+	b.limited.Add(1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := b.hits[rule]
+	if h == nil {
+		h = &limitHits{ev: ev}
+		b.hits[rule] = h
+		time.AfterFunc(limitWindow, func() { n.flushLimit(rule) })
+	}
+	h.count++
+	h.bytes += bytes
+}
+
+// flushLimit audits the window of one budget's hits, if any.
+func (n *network) flushLimit(rule string) {
+	b := n.budget
+	b.mu.Lock()
+	h := b.hits[rule]
+	delete(b.hits, rule)
+	b.mu.Unlock()
+	if h == nil {
+		return
+	}
+	ev := h.ev
+	ev.Decision, ev.Rule = audit.Deny, rule
+	switch rule {
+	case RuleMaxConns:
+		ev.Reason = fmt.Sprintf("%d new connections refused in %s: %d open at once is the sandbox's limit (--max-conns)", h.count, limitWindow, b.lim.MaxConns)
+	case RuleConnRate:
+		ev.Reason = fmt.Sprintf("%d new connections refused in %s: over %d per second (--conn-rate)", h.count, limitWindow, b.lim.ConnRate)
+	case RuleDNSRate:
+		ev.Reason = fmt.Sprintf("%d dns queries refused in %s: over %d per second (--dns-rate)", h.count, limitWindow, b.lim.DNSRate)
+	case RuleEgressBandwidth:
+		ev.Decision, ev.Bytes = audit.Allow, h.bytes
+		ev.Reason = fmt.Sprintf("%d writes delayed in %s: egress is held to %s per second (--egress-bandwidth)", h.count, limitWindow, sizeText(b.lim.EgressBandwidth))
+	}
+	n.emit(ev)
+}
+
+// flushLimits audits every window under way (the network is closing).
+func (n *network) flushLimits() {
+	for _, rule := range []string{RuleMaxConns, RuleConnRate, RuleDNSRate, RuleEgressBandwidth} {
+		n.flushLimit(rule)
+	}
+}
+
+// sizeText writes a byte count in the largest binary unit that divides it.
+func sizeText(b int64) string {
+	for _, u := range []struct {
+		n    int64
+		unit string
+	}{{bytesize.GiB, "GiB"}, {bytesize.MiB, "MiB"}, {bytesize.KiB, "KiB"}} {
+		if b >= u.n && b%u.n == 0 {
+			return fmt.Sprintf("%d %s", b/u.n, u.unit)
+		}
+	}
+	return fmt.Sprintf("%d bytes", b)
+}
