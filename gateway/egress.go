@@ -8,6 +8,7 @@ import (
 
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/policy"
@@ -169,6 +170,14 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 			p.hosts = append(p.hosts, rule.Host)
 		}
 		p.egress.Allow = append(p.egress.Allow, rule.String())
+	}
+	var limits netapi.Limits
+	if r.Config != nil {
+		limits = r.Config.Egress.Limits
+	}
+	p.egress.Limits = limits.Merge(r.Limits)
+	if err := p.egress.Limits.Validate(); err != nil {
+		return nil, err
 	}
 	mode, arg, _ := strings.Cut(r.EgressMode, "=")
 	switch mode {

@@ -77,7 +77,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	}
 	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
 	spec := netapi.Spec{
-		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true,
+		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true, Limits: plan.egress.Limits,
 		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos},
 	}
 	if _, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec); err != nil {

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/spf13/pflag"
 
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bytesize"
 )
 
@@ -25,6 +27,37 @@ func (v mibValue) Set(s string) error {
 	}
 	*v.p = n
 	return nil
+}
+
+// bytesValue is a size flag held in bytes: 10m, 500k, or plain MiB.
+type bytesValue struct{ p *int64 }
+
+func (v bytesValue) String() string {
+	if v.p == nil || *v.p == 0 {
+		return ""
+	}
+	return strconv.FormatInt(*v.p, 10)
+}
+func (v bytesValue) Type() string { return "size" }
+func (v bytesValue) Set(s string) error {
+	n, err := bytesize.Parse(s, bytesize.MiB)
+	if err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("%q is not a positive size", s)
+	}
+	*v.p = n
+	return nil
+}
+
+// limitFlags declares the egress budget flags of create on f, into l.
+func limitFlags(f *pflag.FlagSet, l *netapi.Limits) {
+	d := netapi.DefaultLimits
+	f.IntVar(&l.MaxConns, "max-conns", 0, fmt.Sprintf("egress: most TCP connections and UDP flows open at once (default %d)", d.MaxConns))
+	f.IntVar(&l.ConnRate, "conn-rate", 0, fmt.Sprintf("egress: most new connections per second (default %d)", d.ConnRate))
+	f.IntVar(&l.DNSRate, "dns-rate", 0, fmt.Sprintf("egress: most DNS queries per second (default %d)", d.DNSRate))
+	f.Var(bytesValue{&l.EgressBandwidth}, "egress-bandwidth", fmt.Sprintf("egress: most bytes sent out per second, a size such as 10m (default %dm)", d.EgressBandwidth>>20))
 }
 
 // memoryFlag declares --memory on f, into p (MiB).

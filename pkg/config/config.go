@@ -36,6 +36,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/httppolicy"
 	"github.com/IniZio/nexus/pkg/policy"
@@ -67,6 +68,8 @@ type Egress struct {
 	Policy []httppolicy.HostRules `json:"policy,omitempty"`
 	// Secrets are brokered to the sandbox as placeholders.
 	Secrets []Secret `json:"secrets,omitempty"`
+	// Limits lower the sandbox's egress budgets (limits.go).
+	Limits netapi.Limits `json:"limits,omitzero"`
 }
 
 // Secret binds a named secret (`nexus secret set NAME`) to hosts, optionally under an extra
@@ -255,6 +258,7 @@ func (p *parser) egress(n *yaml.Node, e *Egress) error {
 		"secrets": func(_, v *yaml.Node) error {
 			return p.sequence(v, "egress.secrets", func(item *yaml.Node) error { return p.secret(item, e) })
 		},
+		"limits": func(_, v *yaml.Node) error { return p.limits(v, &e.Limits) },
 	})
 }
 
@@ -543,6 +547,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := httppolicy.New(httppolicy.Policy{Hosts: c.Egress.Policy}); err != nil {
 		return errdefs.Invalid("nexus config: egress.policy: %v", err)
+	}
+	if err := checkLimits(c.Egress.Limits); err != nil {
+		return err
 	}
 	names := map[string]bool{}
 	for _, s := range c.Egress.Secrets {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
@@ -67,6 +68,9 @@ type Egress struct {
 	AllowAllUntil time.Time `json:"allow_all_until,omitzero"`
 	Allow         []string  `json:"allow,omitempty"` // host[:port], as given
 	Repos         []string  `json:"repos,omitempty"` // owner/repo bound with --repo
+	// Limits are the egress budgets asked for (flags over egress.limits); zero fields are the
+	// netstack's defaults.
+	Limits netapi.Limits `json:"limits,omitzero"`
 }
 
 // SecretBinding binds a named secret to the hosts it may be swapped for.

@@ -117,13 +117,13 @@ func (l Limits) WithDefaults() Limits { return DefaultLimits.Merge(l) }
 func (l Limits) Validate() error {
 	switch {
 	case l.MaxConns < 0 || l.MaxConns > MaxMaxConns:
-		return errdefs.Invalid("max conns %d is out of range: use 1 to %d", l.MaxConns, MaxMaxConns)
+		return errdefs.Invalid("--max-conns %d is out of range: use 1 to %d", l.MaxConns, MaxMaxConns)
 	case l.ConnRate < 0:
-		return errdefs.Invalid("conn rate %d is negative: use new connections per second", l.ConnRate)
+		return errdefs.Invalid("--conn-rate %d is negative: give new connections per second", l.ConnRate)
 	case l.DNSRate < 0:
-		return errdefs.Invalid("dns rate %d is negative: use queries per second", l.DNSRate)
+		return errdefs.Invalid("--dns-rate %d is negative: give queries per second", l.DNSRate)
 	case l.EgressBandwidth < 0:
-		return errdefs.Invalid("egress bandwidth %d is negative: use bytes per second, as in 10m", l.EgressBandwidth)
+		return errdefs.Invalid("--egress-bandwidth %d is negative: give a size per second, as in 10m", l.EgressBandwidth)
 	}
 	return nil
 }
