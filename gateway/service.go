@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	Host    string // the host new sandboxes are placed on
 	Log     zerolog.Logger
 	Version string
+	// MetricsAddr, when set, is where /metrics is served (metrics.go); a bare :port is on
+	// 127.0.0.1.
+	MetricsAddr string
 }
 
 // Service serves the gateway API on the bus.
@@ -75,6 +79,17 @@ func (g *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer sub.Unsubscribe()
+	if g.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", g.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		go func() {
+			if err := g.serveMetrics(ctx, ln); err != nil {
+				g.log.Error().Err(err).Msg("metrics: cannot serve")
+			}
+		}()
+	}
 	go g.watchLeases(ctx)
 	go func() {
 		t := time.NewTicker(ReconcileEvery)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/spf13/cobra"
 
 	"github.com/IniZio/nexus/pkg/bus"
@@ -71,46 +69,23 @@ func statusCommand() *cobra.Command {
 	return cmd
 }
 
-// Discover asks every nexus service for its identity ($SRV.INFO) and collects the answers
-// until quiet passes with no new one, or all expected services answered.
+// Discover asks every nexus service for its identity and collects the answers until quiet
+// passes with no new one, or all expected services answered.
 func Discover(ctx context.Context, nc *nats.Conn, quiet time.Duration) ([]ServiceStatus, error) {
-	inbox := nc.NewRespInbox()
-	ch := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(inbox, ch)
+	infos, err := bus.Discover(ctx, nc, quiet, len(Expected))
 	if err != nil {
 		return nil, err
 	}
-	defer sub.Unsubscribe()
-	if err := nc.PublishRequest("$SRV.INFO", inbox, nil); err != nil {
-		return nil, err
-	}
 	seen := map[string]ServiceStatus{}
-	timer := time.NewTimer(quiet)
-	defer timer.Stop()
-	for len(seen) < len(Expected) {
-		select {
-		case m := <-ch:
-			var info micro.Info
-			if json.Unmarshal(m.Data, &info) != nil {
-				continue
-			}
-			name, ok := trimPrefix(info.Name, "nexus-")
-			if !ok {
-				continue
-			}
-			st := ServiceStatus{Service: name, Up: true, Version: info.Version, Host: info.Metadata[bus.MetaHost], ID: info.ID}
-			if t, err := time.Parse(time.RFC3339Nano, info.Metadata[bus.MetaStarted]); err == nil {
-				st.Started = t
-				st.Uptime = time.Since(t).Round(time.Second).String()
-			}
-			st.PID, _ = strconv.Atoi(info.Metadata[bus.MetaPID])
-			seen[name] = st
-			timer.Reset(quiet)
-		case <-timer.C:
-			return values(seen), nil
-		case <-ctx.Done():
-			return values(seen), nil
+	for _, info := range infos {
+		name, _ := trimPrefix(info.Name, bus.ServicePrefix)
+		st := ServiceStatus{Service: name, Up: true, Version: info.Version, Host: info.Metadata[bus.MetaHost], ID: info.ID}
+		if t, err := time.Parse(time.RFC3339Nano, info.Metadata[bus.MetaStarted]); err == nil {
+			st.Started = t
+			st.Uptime = time.Since(t).Round(time.Second).String()
 		}
+		st.PID, _ = strconv.Atoi(info.Metadata[bus.MetaPID])
+		seen[name] = st
 	}
 	return values(seen), nil
 }

@@ -32,7 +32,7 @@ const (
 )
 
 // ServiceName is the micro service name of a nexus service.
-func ServiceName(name string) string { return "nexus-" + name }
+func ServiceName(name string) string { return ServicePrefix + name }
 
 // Service is a micro service whose endpoints decode JSON requests, run typed handlers
 // concurrently under the caller's deadline, and reply with the envelope.

@@ -66,6 +66,7 @@ type Values struct {
 	GitrelaySSH     string
 	GitrelaySSHOpts []string
 	GitrelayHosts   string  // checked by the root with the relay's own parser
+	MetricsAddr     string  // empty: no metrics endpoint
 	MemoryShare     float64 // 0: the vmm's default
 	VCPUOvercommit  bool
 	Resolve         map[string]string
@@ -118,6 +119,20 @@ var Table = []Setting{
 		set: text(func(v *Values) *string { return &v.Accel }, func(s string) bool {
 			return s == "auto" || s == "kvm" || s == "tcg"
 		}, "one of auto, kvm, tcg")},
+	{Flag: "metrics-addr", Env: "NEXUS_METRICS_ADDR", Arg: "[host]:port", Scope: Stack,
+		Help:  "serve Prometheus metrics at http://ADDR/metrics (a bare :port is 127.0.0.1; anything wider is up to you)",
+		Unset: "off",
+		set: func(v *Values, s string) error {
+			host, port, err := net.SplitHostPort(s)
+			if err != nil {
+				return fmt.Errorf("%q is not [host]:port", s)
+			}
+			if host == "" {
+				host = "127.0.0.1"
+			}
+			v.MetricsAddr = net.JoinHostPort(host, port)
+			return nil
+		}},
 	{Flag: "memory-share", Env: "NEXUS_MEMORY_SHARE", Default: "90%", Arg: "share", Scope: Stack,
 		Help: "part of host memory the sandboxes of this host may take together, QEMU overhead included (a fraction or a percentage); a create past it is refused",
 		set: func(v *Values, s string) error {
