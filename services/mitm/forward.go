@@ -20,8 +20,8 @@ import (
 func (p *Proxy) forward(t *tunnel, rs *reqState) bool {
 	resp := &t.resp
 	if err := p.exchange(p.ctx, rs, resp); err != nil {
-		if errors.Is(err, errTrailerLeak) {
-			t.refuse(rs, leakVerdict(rs.sess.host))
+		if pe := (*placeholderError)(nil); errors.As(err, &pe) {
+			t.refuse(rs, placeholderVerdict(pe.rule, rs.sess.host))
 			return false
 		}
 		p.upstreamFailed(t, rs, err)

@@ -25,12 +25,13 @@ type check struct {
 
 // checks, in the order they are asked.
 var checks = [...]check{
-	{RuleBadRequest, checkMethod},            // CONNECT is for the netstack, not inside a tunnel
-	{RuleHostNotAllowed, checkHost},          // the tunnel's host (the TLS server name) is allowed
-	{RuleHostMismatch, checkHostField},       // the Host field and target name that host
-	{RulePlaceholderLeak, checkPlaceholders}, // no placeholder of the sandbox bound elsewhere
-	{RuleHTTPPolicy, checkPolicy},            // the sandbox's request policy
-	{RuleCredRefused, checkSwap},             // the bound placeholder swapped for its credential
+	{RuleBadRequest, checkMethod},              // CONNECT is for the netstack, not inside a tunnel
+	{RuleHostNotAllowed, checkHost},            // the tunnel's host (the TLS server name) is allowed
+	{RuleHostMismatch, checkHostField},         // the Host field and target name that host
+	{RulePlaceholderCleartext, checkCleartext}, // no placeholder at all on a cleartext upstream leg
+	{RulePlaceholderLeak, checkPlaceholders},   // no placeholder of the sandbox bound elsewhere
+	{RuleHTTPPolicy, checkPolicy},              // the sandbox's request policy
+	{RuleCredRefused, checkSwap},               // the bound placeholder swapped for its credential
 }
 
 // verdict is a refusal: the status, the audit rule and the one-line reason.
@@ -86,18 +87,40 @@ func checkHostField(_ *Proxy, rs *reqState) *verdict {
 	return nil
 }
 
+// checkCleartext scans the request's head for the sandbox's placeholders (scan.go) and refuses
+// any of them on a cleartext upstream leg: there the credential cannot be swapped (the real one
+// would cross the network in clear), and the placeholder is not sent either.
+func checkCleartext(_ *Proxy, rs *reqState) *verdict {
+	rs.use = scanPlaceholders(&rs.forms, rs.sess.sb, rs.req, rs.sess.host)
+	if rs.use.found && !rs.sess.upstreamTLS() {
+		return cleartextVerdict(rs.sess.host)
+	}
+	return nil
+}
+
+// checkPlaceholders refuses a placeholder bound elsewhere found in the head, and has the body
+// and the trailer fields scanned as they are forwarded: a refusal found there cuts the request
+// short (forward answers it).
 func checkPlaceholders(_ *Proxy, rs *reqState) *verdict {
-	sb, host := rs.sess.sb, rs.sess.host
-	rs.use = scanPlaceholders(sb, rs.req, host)
+	sb, host, req := rs.sess.sb, rs.sess.host, rs.req
 	if rs.use.leak {
 		return leakVerdict(host)
 	}
 	rs.rewrite.CredentialHeader = rs.use.header // where a swap or a strip acts
-	if c := rs.req.Chunks; c != nil && len(sb.creds) > 0 {
+	if len(sb.creds) == 0 {
+		return nil
+	}
+	cleartext := !rs.sess.upstreamTLS()
+	if req.Body != nil {
+		if v := rs.scanBody(cleartext); v != nil {
+			return v
+		}
+	}
+	if c := req.Chunks; c != nil {
 		// Trailer fields come after the body: they are looked at when they arrive.
 		c.Check = func(tr *http1.Head) error {
-			if trailerLeaks(sb, tr, host) {
-				return errTrailerLeak
+			if rule := trailerRefusal(&rs.forms, sb, tr, host, cleartext); rule != "" {
+				return &placeholderError{rule: rule}
 			}
 			return nil
 		}
@@ -115,6 +138,10 @@ func checkPolicy(_ *Proxy, rs *reqState) *verdict {
 	hr := req.HTTPRequest()
 	v := sb.Policy.Decide(hr, rs.sess.host)
 	req.Body = bodyOf(hr) // the policy may have read part of it and put it back
+	// What it read of the body went through the scan: a placeholder found there is the refusal.
+	if rule := rs.bodyRefusal(); rule != "" {
+		return placeholderVerdict(rule, rs.sess.host)
+	}
 	if v.Deny {
 		reason := errdefs.FirstLine(v.Reason)
 		if reason == "" {
@@ -144,10 +171,14 @@ func checkSwap(p *Proxy, rs *reqState) *verdict {
 	if placeholder == "" {
 		placeholder = use.basicPass
 	}
-	if placeholder == "" || rs.sess.scheme != "https" {
-		return nil // a real credential goes upstream only inside TLS
+	if placeholder == "" {
+		return nil
 	}
 	sb, host := rs.sess.sb, rs.sess.host
+	// A real credential goes upstream only inside TLS (checkCleartext refused this already).
+	if !rs.sess.upstreamTLS() {
+		return cleartextVerdict(host)
+	}
 	secret, err := p.resolve(context.Background(), sb, host, placeholder)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrRefused) {
@@ -172,6 +203,20 @@ func leakVerdict(host string) *verdict {
 	return &verdict{http.StatusForbidden, RulePlaceholderLeak, fmt.Sprintf(
 		"nexus: refused: a nexus credential placeholder was sent to %s, which it is not bound to (bind the secret to that host with --secret NAME@%s or egress.secrets[].hosts in .nexus/config.yaml)",
 		host, host)}
+}
+
+func cleartextVerdict(host string) *verdict {
+	return &verdict{http.StatusForbidden, RulePlaceholderCleartext, fmt.Sprintf(
+		"nexus: refused: a nexus credential placeholder was sent to %s over plain HTTP; credentials are sent only over TLS (use https://%s)",
+		host, host)}
+}
+
+// placeholderVerdict is the refusal a placeholder found in a body or trailer stands for.
+func placeholderVerdict(rule, host string) *verdict {
+	if rule == RulePlaceholderCleartext {
+		return cleartextVerdict(host)
+	}
+	return leakVerdict(host)
 }
 
 // requestHost is the host a request names: its Host field and, when the request line carries an

@@ -3,9 +3,9 @@ package mitm
 import (
 	"bytes"
 	"encoding/base64"
-	"errors"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
@@ -56,9 +56,9 @@ type placeholderUse struct {
 }
 
 // scanPlaceholders looks for this sandbox's placeholders in every field (names and values) and
-// the target of r. Only placeholders in candidate positions are hashed, so the cost for ordinary
-// traffic is one byte scan.
-func scanPlaceholders(sb *Sandbox, r *http1.Request, host string) placeholderUse {
+// the target of r, in each form f knows (scan.go). Only candidates are hashed, so the cost for
+// ordinary traffic is one byte scan.
+func scanPlaceholders(f *forms, sb *Sandbox, r *http1.Request, host string) placeholderUse {
 	var u placeholderUse
 	if len(sb.creds) == 0 {
 		return u
@@ -76,11 +76,9 @@ func scanPlaceholders(sb *Sandbox, r *http1.Request, host string) placeholderUse
 		return true
 	}
 	checkBytes := func(b []byte) {
-		eachHex64(b, func(tok []byte) bool { return bound(sb.placeholderBytes(tok)) })
+		f.each(b, func(tok []byte) bool { return bound(sb.placeholderBytes(tok)) })
 	}
-	check := func(s string) {
-		eachHex64(s, func(tok string) bool { return bound(sb.placeholder(tok)) })
-	}
+	check := func(s string) { checkBytes(stringBytes(s)) }
 	var auth, bearer []byte
 	for _, f := range r.Fields {
 		checkBytes(f.Name)
@@ -134,23 +132,21 @@ func scanPlaceholders(sb *Sandbox, r *http1.Request, host string) placeholderUse
 	return u
 }
 
-// errTrailerLeak stops a request whose trailer fields carry a placeholder bound elsewhere.
-var errTrailerLeak = errors.New("mitm: placeholder in a request trailer")
-
-// trailerLeaks reports whether trailer fields carry a placeholder of sb not bound to host.
-func trailerLeaks(sb *Sandbox, tr *http1.Head, host string) bool {
-	leak := false
-	for _, f := range tr.Fields {
-		for _, b := range [2][]byte{f.Name, f.Value} {
-			eachHex64(b, func(tok []byte) bool {
-				hosts, ok := sb.placeholderBytes(tok)
-				leak = leak || ok && !hosts.Match(host)
-				return !leak
-			})
+// trailerRefusal is the refusal of trailer fields carrying a placeholder of sb they may not ("" for
+// none): any on a cleartext leg, one bound elsewhere on a TLS one.
+func trailerRefusal(f *forms, sb *Sandbox, tr *http1.Head, host string, cleartext bool) string {
+	for _, fl := range tr.Fields {
+		for _, b := range [2][]byte{fl.Name, fl.Value} {
+			if rule := f.refusal(b, sb, host, cleartext); rule != "" {
+				return rule
+			}
 		}
 	}
-	return leak
+	return ""
 }
+
+// stringBytes is s as a byte slice without a copy, for scans that only read it.
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // basicAuth decodes "Basic base64(user:pass)".
 func basicAuth(h string) (user, pass string, ok bool) {

@@ -16,8 +16,10 @@
 //   - The decision is the ordered list of checks in judge.go, each named by the audit rule of
 //     its refusals: bad_request (no CONNECT inside a tunnel), host_not_allowed (the tunnel's
 //     host is on the sandbox's allowlist), host_mismatch (the Host field and target name that
-//     host: the shared-CDN hole), placeholder_leak (a placeholder of the sandbox travels only
-//     to a host it is bound to), http_policy (the sandbox's request policy, which names finer
+//     host: the shared-CDN hole), placeholder_cleartext (no placeholder at all in a request
+//     whose upstream leg is not TLS), placeholder_leak (a placeholder of the sandbox travels
+//     only to a host it is bound to, looked for in every part of the request and in its
+//     encoded forms: scan.go), http_policy (the sandbox's request policy, which names finer
 //     rules), cred_refused (`Authorization: Bearer <placeholder>`, or the password of a Basic
 //     one, swapped for the real credential from the Resolver; cred_unavailable when it cannot
 //     be had). The first refusal answers the request (403 or 502, with X-Nexus-Deny); an
@@ -67,12 +69,15 @@ const (
 	RuleHostMismatch    = "host_mismatch"
 	RuleSNIMismatch     = "sni_mismatch"
 	RulePlaceholderLeak = "placeholder_leak"
-	RuleHTTPPolicy      = "http_policy" // a request policy's refusal that names no finer rule
-	RuleCredRefused     = "cred_refused"
-	RuleCredUnavailable = "cred_unavailable"
-	RuleUpstreamError   = "upstream_error"
-	RuleBadRequest      = "bad_request"
-	RuleHeadTooLarge    = "request_head_too_large"
+	// RulePlaceholderCleartext refuses any placeholder on a cleartext upstream leg: a real
+	// credential is only ever sent over TLS.
+	RulePlaceholderCleartext = "placeholder_cleartext"
+	RuleHTTPPolicy           = "http_policy" // a request policy's refusal that names no finer rule
+	RuleCredRefused          = "cred_refused"
+	RuleCredUnavailable      = "cred_unavailable"
+	RuleUpstreamError        = "upstream_error"
+	RuleBadRequest           = "bad_request"
+	RuleHeadTooLarge         = "request_head_too_large"
 )
 
 // DenyHeader carries the one-line reason of a refusal, also sent as the body.
@@ -251,12 +256,16 @@ type session struct {
 	host   string // normalized CONNECT host
 	port   string
 	addr   string // host:port dialled upstream, whatever a request's Host says
-	scheme string // "https" when the guest spoke TLS in the tunnel, else "http"
+	scheme string // "https" when the guest spoke TLS in the tunnel, else "http": see upstreamTLS
 	// up is the tunnel's connection to its host: used by one request at a time (the inner server
 	// serves a tunnel's requests in order), closed from elsewhere only through dropUpstream.
 	up      atomic.Pointer[upstreamConn]
 	allowed bool
 }
+
+// upstreamTLS reports whether the tunnel's upstream leg is TLS: it is when the guest spoke TLS
+// in the tunnel (the dialer does what the guest did). A credential is swapped only on such a leg.
+func (s *session) upstreamTLS() bool { return s.scheme == "https" }
 
 // reqState is one request inside a tunnel: what the checks found and decided about it, and what
 // its audit event says.
@@ -266,6 +275,10 @@ type reqState struct {
 	path string // the target's path, placeholders redacted
 	// use is what the request carries of the sandbox's placeholders (checkPlaceholders).
 	use placeholderUse
+	// forms is the request's placeholder scan (its budget covers head and body); body scans the
+	// body of a request of a sandbox with placeholders.
+	forms forms
+	body  *bodyScan
 	// rewrite is how the request is forwarded: its credential swapped or dropped.
 	rewrite http1.Rewrite
 	swapped bool

@@ -151,7 +151,7 @@ func (t *tunnel) serveOne() bool {
 	if req.ExpectContinue && req.Body != nil {
 		req.Body = &continueBody{r: req.Body, t: t}
 	}
-	t.rs = reqState{sess: t.sess, req: req, path: redactPlaceholders(t.sess.sb, req.URL.Path),
+	t.rs = reqState{sess: t.sess, req: req, path: auditPath(t.sess.sb, req.URL.Path),
 		rewrite: http1.Rewrite{DefaultHost: t.sess.addr}}
 	rs := &t.rs
 	var keep bool

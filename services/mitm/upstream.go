@@ -77,7 +77,7 @@ func (d *upstreamDialer) dial(ctx context.Context, sess *session) (*upstreamConn
 	if err != nil {
 		return nil, err
 	}
-	if sess.scheme == "https" {
+	if sess.upstreamTLS() {
 		tc := tls.Client(c, &tls.Config{
 			ServerName: sess.host,
 			RootCAs:    d.roots,
