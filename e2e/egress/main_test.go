@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -97,6 +98,7 @@ func leakScan(*testutil.Stack) error {
 // seen is one request that reached a fake upstream.
 type seen struct {
 	Host, Path, Auth string
+	Body             string // the first 64 KiB
 }
 
 // upstream is a fake internet host on loopback that records every request.
@@ -115,8 +117,9 @@ func startUpstream(name string, tc *tls.Config) (*upstream, error) {
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	u.mu.Lock()
-	u.reqs = append(u.reqs, seen{Host: r.Host, Path: r.URL.RequestURI(), Auth: r.Header.Get("Authorization")})
+	u.reqs = append(u.reqs, seen{Host: r.Host, Path: r.URL.RequestURI(), Auth: r.Header.Get("Authorization"), Body: string(body)})
 	u.mu.Unlock()
 	if r.URL.Path == "/stream" {
 		serveStream(w, r) // expiry_test.go

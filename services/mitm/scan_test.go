@@ -300,3 +300,39 @@ func BenchmarkBodyScan(b *testing.B) {
 		})
 	}
 }
+
+// FuzzBodyScan: whatever surrounds it and however the reads split the body, a placeholder in
+// any known form, set off by spaces, is refused on a host it is not bound to before any byte of
+// its form is handed on; and no input makes the scan fail otherwise.
+func FuzzBodyScan(f *testing.F) {
+	f.Add([]byte("lorem ipsum"), uint16(5), uint8(0), uint16(7))
+	f.Add([]byte(`{"a": "%41%42", "b": "\u0041\/"}`), uint16(12), uint8(6), uint16(1))
+	f.Add([]byte(strings.Repeat("QUFB", 100)), uint16(200), uint8(13), uint16(64))
+	f.Add([]byte(strings.Repeat("0", 300)), uint16(150), uint8(5), uint16(511))
+	known := placeholderForms()
+	sb := scanSandbox(f)
+	f.Fuzz(func(t *testing.T, data []byte, at uint16, enc uint8, chunk uint16) {
+		if len(data) > 1<<16 {
+			return
+		}
+		n := int(chunk)%4096 + 1
+		// The input alone: any answer, no failure.
+		bs := newBodyScan(&chunkReader{bytes.NewReader(data), n}, sb, "other.example.com", false, &forms{})
+		if got, err := io.ReadAll(bs); err == nil && !bytes.Equal(got, data) {
+			t.Fatalf("handed on %d bytes of %d", len(got), len(data))
+		}
+		form := known[int(enc)%len(known)].form
+		i := int(at) % (len(data) + 1)
+		body := string(data[:i]) + " " + form + " " + string(data[i:])
+		start := i + 1 + strings.LastIndexByte(form, ' ') + 1
+		bs = newBodyScan(&chunkReader{strings.NewReader(body), n}, sb, "other.example.com", false, &forms{})
+		got, err := io.ReadAll(bs)
+		var pe *placeholderError
+		if !errors.As(err, &pe) || pe.rule != RulePlaceholderLeak {
+			t.Fatalf("%s at %d: err %v", known[int(enc)%len(known)].name, i, err)
+		}
+		if len(got) > start {
+			t.Fatalf("%d bytes handed on, the form starts at %d", len(got), start)
+		}
+	})
+}

@@ -3,6 +3,7 @@
 // adversarial guest would (addressed to the gateway's MAC, bypassing neighbour discovery).
 //
 //	probe udp IP:PORT MESSAGE     exit 0 with the reply, 1 without one
+//	probe http IP METHOD URL BODY [NAME:VALUE]...   one HTTP(S) request (http.go)
 //	probe ipv6 ADDR PORT          connect(2) first, then raw TCP SYN, UDP and ICMPv6 echo
 //	                              frames; exit 0 only if anything answered
 package main
@@ -30,6 +31,8 @@ func main() {
 	switch os.Args[1] {
 	case "udp":
 		os.Exit(udp(os.Args[2], os.Args[3]))
+	case "http":
+		os.Exit(httpProbe(os.Args[2:]))
 	case "ipv6":
 		port, _ := strconv.Atoi(os.Args[3])
 		os.Exit(ipv6(netip.MustParseAddr(os.Args[2]), uint16(port)))
