@@ -22,11 +22,12 @@ import (
 // digits, hash each 64-digit window of it. Most traffic has no such run, and the prefilter is one
 // table lookup per byte (two where base64-shaped runs are long enough to hold a placeholder).
 //
-// Bounds. The body is scanned whole, however long: no byte of it is forwarded unscanned. Memory
-// is bounded instead of length: a body is read through a window that holds back at most
-// maxFormLen bytes between reads (the tail that may be the start of an encoded placeholder
-// continued by the next read), so a placeholder split across reads or chunks is found before any
-// of it is sent. Time is bounded per request: hex runs longer than 64 digits have their first and
+// Bounds. The body is scanned whole, however long: no byte of it is forwarded unscanned. A body
+// of known length up to wholeBodyMax is read and scanned before its request leaves (a refusal
+// sends nothing upstream). Past that, memory is bounded instead of length: the body is read
+// through a window that holds back at most maxFormLen bytes between reads (the tail that may
+// begin an encoded placeholder continued by the next read), so a placeholder split across reads
+// or chunks is found before any of it is sent. Time is bounded per request: hex runs longer than 64 digits have their first and
 // last windows hashed always and their inner windows only within longRunBudget hashes per
 // request (a placeholder padded on both sides inside a run of tens of thousands of hex digits is
 // past it); past the budget the rest of the request is still scanned for every other form.

@@ -312,7 +312,7 @@ func FuzzBodyScan(f *testing.F) {
 	known := placeholderForms()
 	sb := scanSandbox(f)
 	f.Fuzz(func(t *testing.T, data []byte, at uint16, enc uint8, chunk uint16) {
-		if len(data) > 1<<16 {
+		if len(data) > 4<<10 { // one-byte reads of longer bodies only slow the fuzzer down
 			return
 		}
 		n := int(chunk)%4096 + 1
