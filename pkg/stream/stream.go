@@ -3,7 +3,8 @@
 // (nexus.stream.<sid>.out from the service, nexus.stream.<sid>.in from the client), every
 // message a sequence number, and data flows only against credit the receiver granted, so a slow
 // reader slows the guest process instead of filling memory. Heartbeats tell each side when the
-// other is gone (a killed CLI ends its guest process).
+// other is gone (a killed CLI ends its guest process). Liveness never waits on the consumer: a
+// reader that stalls for minutes holds at most Window bytes here while pings keep flowing.
 package stream
 
 import (
@@ -45,11 +46,22 @@ const (
 	Window = 4 << 20
 )
 
-// Timing of liveness; variables so tests can shorten them.
+// Timing of liveness, read when a session opens; SetPeerGone changes both (the
+// --stream-peer-gone setting, which tests shorten).
 var (
 	PingEvery = time.Second
 	PeerGone  = 10 * time.Second
 )
+
+// SetPeerGone sets how long a silent peer is waited for, pinging four times as often (at
+// most once a second).
+func SetPeerGone(d time.Duration) {
+	PeerGone, PingEvery = d, min(time.Second, d/4)
+}
+
+// maxQueued bounds the messages received and not yet read: data is bounded by the window, and
+// this bounds the control messages a misbehaving peer could pile up.
+const maxQueued = 4096
 
 // ErrPeerGone means the other side stopped answering.
 var ErrPeerGone = errors.New("stream: the other side is gone")
@@ -69,7 +81,6 @@ type Session struct {
 	send    string
 	sub     *nats.Subscription
 	in      chan *nats.Msg
-	out     chan Msg
 	mu      sync.Mutex
 	cond    *sync.Cond
 	seq     uint64 // last sent
@@ -79,8 +90,13 @@ type Session struct {
 	done    chan struct{}
 	once    sync.Once
 	pending int64 // bytes consumed but not yet returned as credit
-	ping    time.Duration
-	gone    time.Duration
+	// queue holds messages received in order and not yet read by Recv; buffered counts its
+	// data bytes, which credit keeps within Window. The receive loop never waits for Recv;
+	// once the session is closed Recv returns what is queued, then err.
+	queue    []Msg
+	buffered int64
+	ping     time.Duration
+	gone     time.Duration
 }
 
 // NewID returns a fresh session id.
@@ -102,7 +118,7 @@ func Server(nc *nats.Conn, sid string) (*Session, error) {
 }
 
 func open(nc *nats.Conn, send, recv string) (*Session, error) {
-	s := &Session{nc: nc, send: send, in: make(chan *nats.Msg, 1024), out: make(chan Msg, 64), credit: Window, done: make(chan struct{}),
+	s := &Session{nc: nc, send: send, in: make(chan *nats.Msg, 1024), credit: Window, done: make(chan struct{}),
 		ping: PingEvery, gone: PeerGone}
 	s.cond = sync.NewCond(&s.mu)
 	sub, err := nc.ChanSubscribe(recv, s.in)
@@ -121,9 +137,9 @@ func open(nc *nats.Conn, send, recv string) (*Session, error) {
 }
 
 // loop reads the subscription in order, checks sequence numbers, applies credit and liveness,
-// and hands messages to Recv.
+// and queues messages for Recv. It never blocks on the consumer, so pings flow both ways however
+// slowly the messages are read.
 func (s *Session) loop() {
-	defer close(s.out)
 	tick := time.NewTicker(s.ping)
 	defer tick.Stop()
 	var expect uint64 = 1
@@ -156,9 +172,8 @@ func (s *Session) loop() {
 				s.fail(ErrClosed)
 				return
 			}
-			select {
-			case s.out <- Msg{Kind: kind, Data: m.Data}:
-			case <-s.done:
+			if err := s.enqueue(Msg{Kind: kind, Data: m.Data}); err != nil {
+				s.fail(err)
 				return
 			}
 		case <-tick.C:
@@ -173,27 +188,58 @@ func (s *Session) loop() {
 	}
 }
 
+// enqueue hands m to Recv; a peer sending beyond the credit it was granted is refused.
+func (s *Session) enqueue(m Msg) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if isData(m.Kind) {
+		if s.buffered+int64(len(m.Data)) > Window {
+			return fmt.Errorf("stream: the other side sent more than the %d bytes of credit it was granted", Window)
+		}
+		s.buffered += int64(len(m.Data))
+	}
+	if len(s.queue) >= maxQueued {
+		return fmt.Errorf("stream: the other side sent more than %d messages that were not read", maxQueued)
+	}
+	s.queue = append(s.queue, m)
+	s.cond.Broadcast()
+	return nil
+}
+
 // Recv returns the next message; data messages return their size as credit to the sender.
+// Messages received before the session ended are still returned, then the reason it ended.
 func (s *Session) Recv() (Msg, error) {
-	m, ok := <-s.out
-	if !ok {
-		s.mu.Lock()
+	s.mu.Lock()
+	for len(s.queue) == 0 && !s.closed {
+		s.cond.Wait()
+	}
+	if len(s.queue) == 0 {
 		defer s.mu.Unlock()
 		return Msg{}, s.err
 	}
+	m := s.queue[0]
+	s.queue[0] = Msg{}
+	s.queue = s.queue[1:]
+	var grant int64
 	if isData(m.Kind) {
-		s.mu.Lock()
+		s.buffered -= int64(len(m.Data))
 		s.pending += int64(len(m.Data))
-		grant := s.pending
-		if grant >= Window/4 {
-			s.pending = 0
-		}
-		s.mu.Unlock()
-		if grant >= Window/4 {
-			s.control(kindCredit, []byte(strconv.FormatInt(grant, 10)), false)
+		if s.pending >= Window/4 {
+			grant, s.pending = s.pending, 0
 		}
 	}
+	s.mu.Unlock()
+	if grant > 0 {
+		s.control(kindCredit, []byte(strconv.FormatInt(grant, 10)), false)
+	}
 	return m, nil
+}
+
+// Buffered is how many data bytes were received and not yet read: never more than Window.
+func (s *Session) Buffered() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buffered
 }
 
 func isData(kind string) bool {
