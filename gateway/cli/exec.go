@@ -27,20 +27,18 @@ func execCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec NAME [flags] -- CMD [ARGS…]",
 		Short: "Run a command in a sandbox; its exit status is nexus's",
-		Args:  cobra.MinimumNArgs(2),
+		Long: `Run a command in a sandbox. nexus exits with the command's own status (124 after
+--timeout), or with 125 when nexus itself failed (as docker run does): a bad flag, a
+sandbox that is missing or not running, a stack that is down, a stream lost on the
+way. A command whose caller's stream is lost is killed, so a caller that retries
+after 125 never runs it twice.`,
+		Args: execArgs(cobra.MinimumNArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, _, err := dial(cmd)
-			if err != nil {
-				return err
-			}
 			req := api.ExecRequest{Name: args[0], Argv: args[1:], Env: env, Dir: dir, TTY: tty, Stdin: interactive, Timeout: timeout}
-			code, err := runExec(cmd.Context(), c, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			return ExitError{Code: code}
+			return execIn(cmd, req)
 		},
 	}
+	cmd.SetFlagErrorFunc(execFlagError)
 	f := cmd.Flags()
 	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin")
 	f.BoolVarP(&tty, "tty", "t", false, "allocate a pty (stderr is merged into stdout)")
@@ -51,25 +49,47 @@ func execCommand() *cobra.Command {
 }
 
 func attachCommand() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "attach NAME",
 		Short: "Open an interactive shell in a sandbox",
-		Args:  cobra.ExactArgs(1),
+		Long:  "Open an interactive shell in a sandbox; nexus exits with the shell's status, or 125 when nexus itself failed.",
+		Args:  execArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, _, err := dial(cmd)
-			if err != nil {
-				return err
-			}
 			req := api.ExecRequest{Name: args[0], Argv: []string{"/bin/sh", "-c", "exec $(command -v bash || echo /bin/sh) -l"}, TTY: true, Stdin: true,
 				Env: []string{"TERM=" + envOr("TERM", "xterm-256color")}}
-			code, err := runExec(cmd.Context(), c, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			return ExitError{Code: code}
+			return execIn(cmd, req)
 		},
 	}
+	cmd.SetFlagErrorFunc(execFlagError)
+	return cmd
 }
+
+// execIn runs req for exec or attach: the guest command's status, or ExitExecFailed for any
+// failure of nexus on the way.
+func execIn(cmd *cobra.Command, req api.ExecRequest) error {
+	c, _, err := dial(cmd)
+	if err != nil {
+		return execFailure{err}
+	}
+	code, err := runExec(cmd.Context(), c, req, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+	if err != nil {
+		return execFailure{err}
+	}
+	return ExitError{Code: code}
+}
+
+// execArgs and execFlagError make exec's and attach's usage errors exit ExitExecFailed too:
+// status 2 could be the guest command's.
+func execArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return execFailure{usageError{err}}
+		}
+		return nil
+	}
+}
+
+func execFlagError(_ *cobra.Command, err error) error { return execFailure{usageError{err}} }
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {

@@ -1,7 +1,7 @@
 // Package cli is the nexus command line: thin cobra commands over the gateway's bus API
 // (pkg/api/gateway), with human tables by default, --json everywhere and exit codes that
 // scripts can rely on: 0 ok, 1 failure, 2 bad input or a stack that cannot start, and the
-// guest command's own status for `nexus exec`.
+// guest command's own status for `nexus exec`, which exits 125 when nexus itself failed.
 package cli
 
 import (
@@ -16,11 +16,13 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/logging"
 	"github.com/IniZio/nexus/pkg/settings"
+	"github.com/IniZio/nexus/pkg/stream"
 	"github.com/IniZio/nexus/pkg/version"
 )
 
@@ -80,6 +82,9 @@ func Globals(cmd *cobra.Command) (*Global, error) {
 	if err != nil {
 		return nil, err
 	}
+	if v.StreamPeerGone > 0 {
+		stream.SetPeerGone(v.StreamPeerGone)
+	}
 	return &Global{Home: v.Home, Log: log, Settings: v}, nil
 }
 
@@ -89,6 +94,15 @@ type ExitError struct{ Code int }
 func (e ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
 
 type usageError struct{ error }
+
+// ExitExecFailed is the status of `nexus exec` and `nexus attach` when nexus failed, not the
+// guest command (as with `docker run`), so that it never passes for the command's own status.
+const ExitExecFailed = vmmapi.ExitNexusFailed
+
+// execFailure marks a failure of exec or attach themselves: exit ExitExecFailed.
+type execFailure struct{ error }
+
+func (e execFailure) Unwrap() error { return e.error }
 
 type startupError struct{ error }
 
@@ -114,7 +128,13 @@ func Execute(root *cobra.Command) int {
 	fmt.Fprintln(os.Stderr, msg)
 	var ue usageError
 	var se startupError
+	var ef execFailure
 	switch {
+	case errors.As(err, &ef):
+		if errors.As(err, &ue) || isCobraUsage(err) {
+			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		return ExitExecFailed
 	case errors.As(err, &ue), errors.As(err, &se), errors.Is(err, errdefs.ErrInvalid), isCobraUsage(err):
 		if errors.As(err, &ue) || isCobraUsage(err) {
 			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -56,6 +57,8 @@ type Values struct {
 	Home    home.Dir
 	BusPort int    // 0 only when the row was not loaded
 	BusURL  string // empty: the URL the running bus wrote under Home
+	// StreamPeerGone is how long an exec or copy stream waits for a silent other side.
+	StreamPeerGone time.Duration
 
 	Host            string
 	Cache           string // empty: Home's cache directory
@@ -100,6 +103,16 @@ var Table = []Setting{
 			u, err := url.Parse(s)
 			return err == nil && u.Scheme != "" && u.Host != ""
 		}, "a URL such as nats://127.0.0.1:4244")},
+	{Flag: "stream-peer-gone", Env: "NEXUS_STREAM_PEER_GONE", Default: "10s", Arg: "duration", Scope: Global,
+		Help: "test aid: how long an exec or cp stream waits for a silent other side before ending (and killing the sandbox's command); a slow reader does not count as silent",
+		set: func(v *Values, s string) error {
+			d, err := time.ParseDuration(s)
+			if err != nil || d < 100*time.Millisecond || d > time.Hour {
+				return fmt.Errorf("%q is not a duration between 100ms and 1h", s)
+			}
+			v.StreamPeerGone = d
+			return nil
+		}},
 
 	{Flag: "host", Env: "NEXUS_HOST", Default: bus.LocalHost, Arg: "name", Scope: Stack,
 		Help: "this machine's name on the bus: the host its services serve and new sandboxes are placed on",

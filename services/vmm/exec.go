@@ -77,16 +77,31 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 		defer t.Stop()
 	}
 	go func() {
+		// The caller is gone (its stream ended before the exit was sent): the process must not
+		// outlive it, so a caller that retries never runs it twice. This watches the session,
+		// not Recv, which may be held by a stdin write the process is not reading.
+		select {
+		case <-exited:
+			return
+		case <-sess.Done():
+		}
+		select {
+		case <-exited:
+			return
+		default:
+		}
+		killed := make(chan struct{})
+		go func() { es.Signal(syscall.SIGKILL); close(killed) }()
+		select {
+		case <-killed:
+		case <-time.After(5 * time.Second):
+		}
+		es.Close()
+	}()
+	go func() {
 		for {
 			msg, err := sess.Recv()
 			if err != nil {
-				select {
-				case <-exited:
-				default:
-					// The caller is gone: the process must not outlive it.
-					es.Signal(syscall.SIGKILL)
-					es.Close()
-				}
 				return
 			}
 			switch msg.Kind {
@@ -110,7 +125,7 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 	for {
 		ev, err := es.Next()
 		if err != nil {
-			sess.Send(stream.KindExit, api.Exit{Code: 255, Error: "exec: the guest agent channel broke: " + err.Error()})
+			sess.Send(stream.KindExit, api.Exit{Code: api.ExitNexusFailed, Error: "exec: the guest agent channel broke: " + err.Error()})
 			sess.Close()
 			return
 		}

@@ -178,10 +178,16 @@ type ExecRequest struct {
 
 // Exit is the last message of an exec stream (kind exit).
 type Exit struct {
+	// Code is the command's status, 124 after its timeout, or ExitNexusFailed when nexus
+	// failed and the command's own status is unknown.
 	Code   int    `json:"code"`
 	Signal int    `json:"signal,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
+
+// ExitNexusFailed is the status of an exec that nexus could not carry to its end (as in
+// docker): never the guest command's own.
+const ExitNexusFailed = 125
 
 // Resize is a terminal size change (kind resize).
 type Resize struct {

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -68,6 +69,9 @@ type execution struct {
 	st  *yamux.Stream
 	fw  *agentproto.FrameWriter
 	req *agentproto.ExecRequest
+	// exited is set once the process was reaped: the host closing the stream after that is the
+	// normal end, before it the caller is gone and the process must not outlive it.
+	exited atomic.Bool
 }
 
 // fail reports a start failure the way a shell would: an error frame and 127 (not found) or 126.
@@ -206,6 +210,7 @@ func (e *execution) run() (int32, uint32) {
 	}()
 
 	ws := wait()
+	e.exited.Store(true)
 	pumpsDone := make(chan struct{})
 	go func() { pumps.Wait(); close(pumpsDone) }()
 	select {
@@ -267,8 +272,9 @@ func (e *execution) readInput(pid int, stdin, ptmx *os.File) {
 	for {
 		t, p, err := agentproto.ReadFrame(br, buf)
 		if err != nil {
-			if !errors.Is(err, os.ErrDeadlineExceeded) && !isEOF(err) {
-				// Broken stream or a malformed frame: the session for this process is gone.
+			if !errors.Is(err, os.ErrDeadlineExceeded) && (!isEOF(err) || !e.exited.Load()) {
+				// Broken stream, a malformed frame, or the host closing before the exit: the
+				// session for this process is gone.
 				e.s.log.Debug().Err(err).Msg("exec input")
 				syscall.Kill(-pid, syscall.SIGKILL)
 			}
