@@ -183,6 +183,9 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
+	if err := api.ValidateLabels(r.Labels); err != nil {
+		return nil, err
+	}
 	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
 		Agent: r.Agent, NoPortForward: r.NoPortForward, Ephemeral: r.Ephemeral, Host: g.cfg.Host}
 	if sb.Image == "" {

@@ -195,6 +195,9 @@ func (g *Service) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
+	if err := api.ValidateLabels(r.Labels); err != nil {
+		return nil, err
+	}
 	if _, err := g.reg.Get(ctx, name); err == nil {
 		return nil, errdefs.Conflict("sandbox %s already exists", name)
 	}

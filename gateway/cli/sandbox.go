@@ -182,7 +182,7 @@ func psCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and failed sandboxes")
-	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k")
+	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k (in a value, \\ escapes , and \\)")
 	return cmd
 }
 
@@ -266,7 +266,7 @@ func applyCommand(use string, verb api.Lifecycle, short string) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k")
+	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k (in a value, \\ escapes , and \\)")
 	if use == "rm" || use == "stop" {
 		cmd.Flags().BoolVarP(&force, "force", "f", false, map[string]string{"rm": "remove running sandboxes too", "stop": "kill instead of a clean shutdown"}[use])
 	}

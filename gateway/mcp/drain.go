@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -75,16 +76,23 @@ func (f *inflight) wait() {
 	}
 }
 
-// drainReader passes stdin through line by line, noting requests, and holds back its end.
+// MaxLine bounds one message on stdin: a request with MaxStdin of stdin text, escaped, and
+// room for the rest. A longer line is refused while it is read, never held whole.
+const MaxLine = 2*MaxStdin + 1<<20
+
+// drainReader passes stdin through line by line, noting requests, refusing lines longer than
+// MaxLine (answered on refuse with a JSON-RPC error, for the id when it leads the line), and
+// holds back its end.
 type drainReader struct {
-	r    *bufio.Reader
-	f    *inflight
-	rest []byte
+	r      *bufio.Reader
+	f      *inflight
+	refuse io.Writer
+	rest   []byte
 }
 
 func (d *drainReader) Read(p []byte) (int, error) {
-	if len(d.rest) == 0 {
-		line, err := d.r.ReadBytes('\n')
+	for len(d.rest) == 0 {
+		line, err := d.readLine()
 		if len(line) > 0 {
 			d.f.read(bytes.TrimSpace(line))
 			d.rest = line
@@ -98,6 +106,74 @@ func (d *drainReader) Read(p []byte) (int, error) {
 	n := copy(p, d.rest)
 	d.rest = d.rest[n:]
 	return n, nil
+}
+
+// readLine returns the next line of at most MaxLine bytes; a longer one is skipped to its end
+// and refused, and nil returned for it.
+func (d *drainReader) readLine() ([]byte, error) {
+	const limit = MaxLine
+	var line []byte
+	for {
+		chunk, err := d.r.ReadSlice('\n')
+		if len(line)+len(chunk) > limit {
+			head := line
+			if len(head) < 64<<10 {
+				head = append(head, chunk[:min(len(chunk), 64<<10-len(head))]...)
+			}
+			for err == bufio.ErrBufferFull {
+				_, err = d.r.ReadSlice('\n')
+			}
+			d.refuseLine(head, limit)
+			return nil, err
+		}
+		if cap(line)-len(line) < len(chunk) {
+			// Double (append grows large slices by a quarter: five times the line in garbage).
+			grown := make([]byte, len(line), min(max(2*cap(line), 64<<10), limit+1))
+			copy(grown, line)
+			line = grown
+		}
+		line = append(line, chunk...)
+		if err != bufio.ErrBufferFull {
+			return line, err
+		}
+	}
+}
+
+// refuseLine answers an over-long line: "invalid request" for the id it starts with, if any.
+func (d *drainReader) refuseLine(head []byte, limit int) {
+	id := json.RawMessage("null")
+	if v := leadingID(head); v != nil {
+		id = v
+	}
+	resp, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{
+		"code": -32600, "message": fmt.Sprintf("request refused: a message line is longer than %d bytes", limit)}})
+	d.refuse.Write(append(resp, '\n'))
+}
+
+// leadingID is the "id" of the JSON object head begins with, when it comes before any member
+// that head cuts off.
+func leadingID(head []byte) json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(head))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil
+		}
+		if t == "id" {
+			if len(v) > 0 && (v[0] == '"' || v[0] == '-' || v[0] >= '0' && v[0] <= '9') {
+				return v
+			}
+			return nil
+		}
+	}
+	return nil
 }
 
 // answerWriter passes stdout through and notes each answer as its line completes.

@@ -3,7 +3,6 @@ package mcp
 import (
 	"context"
 	"fmt"
-	"sort"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
@@ -30,17 +29,16 @@ type createArgs struct {
 	TTL          string            `json:"ttl"`
 }
 
-// labelPairs validates labels the way `nexus create -l` does.
+// labelPairs validates labels the way `nexus create -l` does, key by key: a key holding '='
+// is refused, not split into another key and value.
 func labelPairs(labels map[string]string) (map[string]string, error) {
 	if len(labels) == 0 {
 		return nil, nil
 	}
-	pairs := make([]string, 0, len(labels))
-	for k, v := range labels {
-		pairs = append(pairs, k+"="+v)
+	if err := api.ValidateLabels(labels); err != nil {
+		return nil, err
 	}
-	sort.Strings(pairs)
-	return api.ParseLabels(pairs)
+	return labels, nil
 }
 
 func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {

@@ -81,7 +81,8 @@ func (s *Server) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 	std := server.NewStdioServer(s.mcp)
 	std.SetErrorLogger(log.New(zerologWriter{s.log}, "", 0))
 	f := newInflight()
-	err := std.Listen(ctx, &drainReader{r: bufio.NewReader(in), f: f}, &answerWriter{w: out, f: f})
+	aw := &answerWriter{w: out, f: f}
+	err := std.Listen(ctx, &drainReader{r: bufio.NewReader(in), f: f, refuse: aw}, aw)
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
 		return nil
 	}

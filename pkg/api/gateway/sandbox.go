@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/config"
@@ -171,6 +173,8 @@ func Owned(sb *Sandbox, err error, key, value string) (bool, error) {
 }
 
 // Selector is a parsed label selector: k=v, k!=v and k (present), comma-separated, all must hold.
+// In a value, a backslash escapes the next character, so that `a=x\,y` matches the value "x,y"
+// and any value a label may hold can be selected.
 type Selector []term
 
 type term struct {
@@ -178,35 +182,108 @@ type term struct {
 	op         string // "=", "!=", "exists"
 }
 
+// Label limits (as in Kubernetes, with longer, freer values): a key is 1-63 letters, digits,
+// '.', '_', '/' or '-' starting with a letter or digit; a value is up to MaxLabelValue bytes of
+// printable UTF-8 (no control or format characters: nothing that breaks a line of `ps`), not
+// beginning or ending with a space; a sandbox has at most MaxLabels labels.
+const (
+	MaxLabelValue = 253
+	MaxLabels     = 64
+)
+
 var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+
+const labelRules = "a key is 1-63 letters, digits, '.', '_', '/' or '-' starting with a letter or digit; " +
+	"a value is up to 253 printable characters, not beginning or ending with a space"
+
+func isKeyByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '/' || c == '-'
+}
 
 // ParseSelector parses selector expressions; several may be given (repeated -l flags).
 func ParseSelector(exprs ...string) (Selector, error) {
 	var sel Selector
 	for _, expr := range exprs {
-		for _, part := range strings.Split(expr, ",") {
+		parts, err := splitEscaped(expr)
+		if err != nil {
+			return nil, errdefs.Invalid("invalid label selector %q: %v", expr, err)
+		}
+		for _, part := range parts {
 			part = strings.TrimSpace(part)
 			if part == "" {
 				continue
 			}
-			var t term
-			switch {
-			case strings.Contains(part, "!="):
-				k, v, _ := strings.Cut(part, "!=")
-				t = term{key: k, value: v, op: "!="}
-			case strings.Contains(part, "="):
-				k, v, _ := strings.Cut(part, "=")
-				t = term{key: k, value: v, op: "="}
-			default:
-				t = term{key: part, op: "exists"}
+			i := 0
+			for i < len(part) && isKeyByte(part[i]) {
+				i++
 			}
+			t := term{key: part[:i], op: "exists"}
+			rest := strings.TrimLeft(part[i:], " ")
+			switch {
+			case strings.HasPrefix(rest, "!="):
+				t.op, rest = "!=", rest[2:]
+			case strings.HasPrefix(rest, "="):
+				t.op, rest = "=", rest[1:]
+			case rest != "":
+				return nil, errdefs.Invalid("invalid label selector %q: use k=v, k!=v or k (%s)", unescape(part), labelRules)
+			}
+			t.value = unescape(strings.TrimLeft(rest, " "))
 			if !labelKeyRE.MatchString(t.key) {
-				return nil, errdefs.Invalid("invalid label selector %q: a key is letters, digits, '.', '_', '/' or '-'", part)
+				return nil, errdefs.Invalid("invalid label selector %q: a key is letters, digits, '.', '_', '/' or '-'", unescape(part))
 			}
 			sel = append(sel, t)
 		}
 	}
 	return sel, nil
+}
+
+// splitEscaped splits s at the commas no backslash escapes, keeping the escapes.
+func splitEscaped(s string) ([]string, error) {
+	var parts []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			if i+1 == len(s) {
+				return nil, errors.New("it ends with a lone backslash (write \\\\ for one)")
+			}
+			i++
+		case ',':
+			parts = append(parts, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(parts, s[start:]), nil
+}
+
+// unescape drops the backslash before each escaped character.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// escapeValue is unescape's inverse: the value as a selector writes it.
+func escapeValue(v string) string {
+	if !strings.ContainsAny(v, `,\`) {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == ',' || v[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
 }
 
 // Matches reports whether labels satisfy every term. An empty selector matches everything.
@@ -231,6 +308,52 @@ func (s Selector) Matches(labels map[string]string) bool {
 	return true
 }
 
+// ValidateLabel checks one label against the rules above; the error is one line an operator
+// can act on, quoting (and so escaping) what was refused.
+func ValidateLabel(key, value string) error {
+	if !labelKeyRE.MatchString(key) {
+		return errdefs.Invalid("invalid label key %.80q: %s", key, labelRules)
+	}
+	bad := ""
+	switch {
+	case len(value) > MaxLabelValue:
+		bad = fmt.Sprintf("is %d bytes long", len(value))
+	case !utf8.ValidString(value):
+		bad = "is not valid UTF-8"
+	case strings.HasPrefix(value, " ") || strings.HasSuffix(value, " "):
+		bad = "begins or ends with a space"
+	default:
+		for _, r := range value {
+			if !unicode.IsPrint(r) {
+				bad = fmt.Sprintf("holds the unprintable character %U", r)
+				break
+			}
+		}
+	}
+	if bad != "" {
+		return errdefs.Invalid("invalid label %s: its value %.80q %s: %s", key, value, bad, labelRules)
+	}
+	return nil
+}
+
+// ValidateLabels checks every label of a create or fork request.
+func ValidateLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return errdefs.Invalid("%d labels, more than %d", len(labels), MaxLabels)
+	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := ValidateLabel(k, labels[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ParseLabels parses k=v pairs given to --label.
 func ParseLabels(pairs []string) (map[string]string, error) {
 	if len(pairs) == 0 {
@@ -239,15 +362,22 @@ func ParseLabels(pairs []string) (map[string]string, error) {
 	out := make(map[string]string, len(pairs))
 	for _, p := range pairs {
 		k, v, ok := strings.Cut(p, "=")
-		if !ok || !labelKeyRE.MatchString(k) || len(v) > 253 {
-			return nil, errdefs.Invalid("invalid label %q: use key=value", p)
+		if !ok {
+			return nil, errdefs.Invalid("invalid label %.80q: use key=value", p)
+		}
+		if err := ValidateLabel(k, v); err != nil {
+			return nil, err
 		}
 		out[k] = v
+	}
+	if len(out) > MaxLabels {
+		return nil, errdefs.Invalid("%d labels, more than %d", len(out), MaxLabels)
 	}
 	return out, nil
 }
 
-// FormatLabels renders labels as sorted k=v,k=v.
+// FormatLabels renders labels as sorted k=v,k=v, each value escaped as a selector writes it (so
+// what `ps` shows can be given to `-l`).
 func FormatLabels(labels map[string]string) string {
 	keys := make([]string, 0, len(labels))
 	for k := range labels {
@@ -256,7 +386,7 @@ func FormatLabels(labels map[string]string) string {
 	sort.Strings(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s=%s", k, labels[k])
+		parts[i] = k + "=" + escapeValue(labels[k])
 	}
 	return strings.Join(parts, ",")
 }
