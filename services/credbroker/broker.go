@@ -295,7 +295,7 @@ func (b *Broker) Mint(req credapi.MintRequest) (credapi.MintResponse, error) {
 				resp.Env[prefix+"_EXPIRES_AT"] = credapi.ExpiresAt
 			}
 			var vars []string
-			if v := credapi.KindEnv[bd.Kind]; v != "" {
+			if v := credapi.KindVar(bd.Kind, header); v != "" {
 				vars = append(vars, v)
 			}
 			if bd.Env != "" && !slices.Contains(vars, bd.Env) {

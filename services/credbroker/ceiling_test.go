@@ -80,6 +80,10 @@ func TestMintCarriesTheHeader(t *testing.T) {
 	if len(res.Credentials) != 2 {
 		t.Fatalf("credentials = %+v", res.Credentials)
 	}
+	// Clients send ANTHROPIC_API_KEY as x-api-key (ANTHROPIC_AUTH_TOKEN as Bearer).
+	if !hex64.MatchString(res.Env["ANTHROPIC_API_KEY"]) || res.Env["ANTHROPIC_AUTH_TOKEN"] != "" {
+		t.Errorf("guest variables of an x-api-key Anthropic binding: %v", keysOf(res.Env))
+	}
 	for _, c := range res.Credentials {
 		if c.Header != "x-api-key" {
 			t.Errorf("credential %+v: header %q, want x-api-key", c.Hosts, c.Header)
@@ -89,4 +93,13 @@ func TestMintCarriesTheHeader(t *testing.T) {
 		{Secret: "ANTHROPIC_API_KEY", Hosts: []string{"api.anthropic.com"}, Header: "Host"}}}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("header Host: %v, want invalid", err)
 	}
+}
+
+func keysOf(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -49,6 +49,16 @@ var KindEnv = map[string]string{
 	KindOpenAI:    "OPENAI_API_KEY",
 }
 
+// KindVar is the guest variable a binding of kind seeds when its credential goes in header:
+// KindEnv's, except that an Anthropic key sent as x-api-key is ANTHROPIC_API_KEY (what clients
+// send in that header; ANTHROPIC_AUTH_TOKEN is sent as a Bearer token).
+func KindVar(kind, header string) string {
+	if kind == KindAnthropic && header == "x-api-key" {
+		return "ANTHROPIC_API_KEY"
+	}
+	return KindEnv[kind]
+}
+
 // ExpiresAt is the synthetic far-future expiry seeded beside every placeholder, so agents never
 // try to refresh a brokered credential themselves.
 const ExpiresAt = "2099-12-31T23:59:59Z"
