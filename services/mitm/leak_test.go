@@ -148,7 +148,7 @@ func TestPlaceholderLeakAnywhere(t *testing.T) {
 	h := newHarness(t, up.handler())
 	c := h.client(t, testSandbox, testToken)
 	for _, fm := range placeholderForms() {
-		for _, where := range []string{"query", "header", "body", "streamed body"} {
+		for _, where := range []string{"query", "header", "body", "long body", "streamed body"} {
 			t.Run(fm.name+"/"+where, func(t *testing.T) {
 				u := "https://other.example.com/leak"
 				var body io.Reader
@@ -163,6 +163,9 @@ func TestPlaceholderLeakAnywhere(t *testing.T) {
 					}
 				case "body":
 					method, body = "POST", strings.NewReader(`{"a": "`+fm.form+`"}`)
+				case "long body":
+					// Of known length but past what is scanned whole: scanned as it streams.
+					method, body = "POST", strings.NewReader(strings.Repeat("lorem ipsum ", 7000)+fm.form+" end")
 				case "streamed body":
 					// Longer than what is scanned whole, of unknown length: chunked, scanned as
 					// it streams; the placeholder well past the first window.
