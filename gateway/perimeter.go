@@ -59,7 +59,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 			}
 			creds = minted.Credentials
 		}
-		pol := mitmapi.SandboxPolicy{ID: sb.ID, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds}
+		pol := mitmapi.SandboxPolicy{ID: sb.ID, Name: sb.Name, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds}
 		if req := requestPolicy(sb); !req.Empty() {
 			pol.Requests = &req
 		}

@@ -86,6 +86,7 @@ runs=(
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"
 	"./services/vmm/guest . 1s"
+	"./pkg/audit AuditFlood 1x"
 	"./services/gitrelay RelayClone 5x"
 	"./e2e/gitrelay Clone50MB 1x"
 	"./e2e/portfwd . 3x"

@@ -73,7 +73,7 @@ func (s *Server) egressAudit(ctx context.Context, req mcpgo.CallToolRequest) (an
 	return AuditResult{Sandbox: sb.Name, Events: events}, nil
 }
 
-// readAudit returns the last limit events on nexus.audit.egress.<id> newer than since.
+// readAudit returns the last limit events of sandbox id (every service's subject) newer than since.
 func readAudit(ctx context.Context, nc *nats.Conn, id string, since time.Time, deniedOnly bool, limit int) ([]audit.Event, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -82,7 +82,7 @@ func readAudit(ctx context.Context, nc *nats.Conn, id string, since time.Time, d
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cfg := jetstream.ConsumerConfig{
-		FilterSubject:     audit.Subject(id),
+		FilterSubjects:    audit.SandboxSubjects(id),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: time.Minute,

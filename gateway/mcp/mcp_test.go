@@ -483,11 +483,16 @@ func TestEgressAudit(t *testing.T) {
 	} {
 		ev.Time, ev.Sandbox, ev.Layer, ev.Port = time.Now(), sb.ID, audit.LayerTLS, 443+i
 		b, _ := json.Marshal(ev)
-		if _, err := js.Publish(context.Background(), audit.Subject(sb.ID), b); err != nil {
+		// The first two as an older build wrote them (nexus.audit.egress.<id>).
+		svc := bus.UserMITM
+		if i < 2 {
+			svc = audit.LegacyService
+		}
+		if _, err := js.Publish(context.Background(), audit.Subject(svc, sb.ID), b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	js.Publish(context.Background(), audit.Subject("someone-else"), []byte(`{"host":"x","decision":"deny"}`))
+	js.Publish(context.Background(), audit.Subject(bus.UserMITM, "someone-else"), []byte(`{"host":"x","decision":"deny"}`))
 	st.ok(t, "egress_audit", map[string]any{"sandbox": "box", "limit": 3}, &r)
 	if hosts(r.Events) != "b.example c.example d.example" {
 		t.Errorf("last 3: %s", hosts(r.Events))

@@ -1,12 +1,17 @@
 // Package audit defines the one egress-decision event every perimeter layer emits (DESIGN §5).
 //
 // An Event is the canonical line for a decision: it is published with JetStream ack on
-// nexus.audit.egress.<sandbox> and read back by `nexus audit tail`. It never carries a secret or a
-// placeholder value: Swapped says that a credential was swapped, never what it was.
+// nexus.audit.<service>.<sandbox id> and read back by `nexus audit tail`. It never carries a
+// secret or a placeholder value: Swapped says that a credential was swapped, never what it was.
+//
+// The write path is limited per sandbox (limits.go): identical decisions are folded into one
+// event with a Count, a sandbox over its rate gets a `suppressed` summary instead of its events,
+// and the stream keeps the last events of every subject whatever the others write.
 package audit
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -18,7 +23,13 @@ const (
 	LayerHTTP = "http"
 	LayerCred = "cred"
 	LayerGit  = "git"
+	// LayerAudit is the audit write path itself: the `suppressed` summaries.
+	LayerAudit = "audit"
 )
+
+// RuleSuppressed is the rule of a summary event: Count events of the sandbox over its audit
+// rate were not recorded one by one between First and Last.
+const RuleSuppressed = "suppressed"
 
 // Decisions.
 const (
@@ -29,7 +40,8 @@ const (
 // Event is one decision.
 type Event struct {
 	Time     time.Time `json:"time"`
-	Sandbox  string    `json:"sandbox"` // the sandbox id
+	Sandbox  string    `json:"sandbox"`                // the sandbox id
+	Name     string    `json:"sandbox_name,omitempty"` // its name, for people (names are reused after rm)
 	Layer    string    `json:"layer"`
 	Proto    string    `json:"proto,omitempty"` // tcp, udp, icmp
 	Host     string    `json:"host,omitempty"`
@@ -43,6 +55,11 @@ type Event struct {
 	Rule     string    `json:"rule,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
 	Swapped  bool      `json:"swapped,omitempty"`
+	// Count > 1: this event stands for Count identical decisions (or, with rule suppressed,
+	// Count decisions not recorded one by one) made between First and Last.
+	Count int64      `json:"count,omitempty"`
+	First *time.Time `json:"first,omitempty"`
+	Last  *time.Time `json:"last,omitempty"`
 }
 
 // Sink receives events. Implementations must not block the caller's data path for long: the
@@ -56,5 +73,57 @@ type SinkFunc func(ctx context.Context, ev Event)
 
 func (f SinkFunc) Emit(ctx context.Context, ev Event) { f(ctx, ev) }
 
-// Subject is the bus subject for a sandbox's egress events.
-func Subject(sandboxID string) string { return "nexus.audit.egress." + sandboxID }
+// Prefix is the root of every audit subject; the stream NEXUS_AUDIT holds Prefix.>.
+const Prefix = "nexus.audit"
+
+// LegacyService is the service token of the subjects before per-service audit subjects
+// (nexus.audit.egress.<sandbox>): events stored then stay readable, and a spool written by an
+// older build is republished under the service's own prefix.
+const LegacyService = "egress"
+
+// Subject is the bus subject of a service's events about a sandbox: nexus.audit.<service>.<id>.
+// A service may publish only under its own nexus.audit.<service>.> (pkg/bus/users.go).
+func Subject(service, sandboxID string) string {
+	return Prefix + "." + subjectToken(service) + "." + subjectToken(sandboxID)
+}
+
+// SuppressedSubject is where a service's `suppressed` summaries about a sandbox go: beside its
+// events (the same service prefix and sandbox), on their own subject, so that the gateway finds
+// the last one at once (`nexus ps` flags a sandbox that keeps hitting its limit).
+func SuppressedSubject(service, sandboxID string) string {
+	return Subject(service, sandboxID) + "." + RuleSuppressed
+}
+
+// SandboxSubjects are the filters that select every audit event of a sandbox, whatever service
+// wrote it and including the legacy nexus.audit.egress.<id>.
+func SandboxSubjects(sandboxID string) []string {
+	s := Prefix + ".*." + subjectToken(sandboxID)
+	return []string{s, s + ".>"}
+}
+
+// AllSuppressed selects every `suppressed` summary.
+const AllSuppressed = Prefix + ".*.*." + RuleSuppressed
+
+// SandboxOfSubject returns the sandbox id of an audit subject ("" when it is not one).
+func SandboxOfSubject(subject string) string {
+	t := strings.Split(subject, ".")
+	if len(t) < 4 || t[0]+"."+t[1] != Prefix {
+		return ""
+	}
+	return t[3]
+}
+
+// subjectToken keeps a subject token free of separators and wildcards.
+func subjectToken(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	b := []byte(s)
+	for i, c := range b {
+		switch c {
+		case '.', '*', '>', ' ', '\t', '\r', '\n', '/':
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}

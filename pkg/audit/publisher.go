@@ -2,7 +2,6 @@ package audit
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"time"
 
@@ -25,10 +24,18 @@ type Publisher struct {
 	q       chan pubItem
 	wg      sync.WaitGroup
 	once    sync.Once
-	subject func(Event) string
-	spool   *spool // nil: events live only in memory until acknowledged
+	service string
+	limits  Limits
+	lim     *limiter // nil: unlimited
+	spool   *spool   // nil: events live only in memory until acknowledged
 	stop    chan struct{}
 }
+
+// Option configures a publisher.
+type Option func(*Publisher)
+
+// WithLimits sets the per-sandbox limits (DefaultLimits otherwise; Unlimited for none).
+func WithLimits(l Limits) Option { return func(p *Publisher) { p.limits = l } }
 
 type pubItem struct {
 	subject string
@@ -38,29 +45,55 @@ type pubItem struct {
 	spooled bool // already in the spool (read back at start)
 }
 
-// NewPublisher starts a publisher on nc. Events go to nexus.audit.egress.<Event.Sandbox>
-// (the sandbox id).
-func NewPublisher(nc *nats.Conn, log zerolog.Logger) (*Publisher, error) {
+// NewPublisher starts the publisher of service on nc. Events go to
+// nexus.audit.<service>.<Event.Sandbox> (the sandbox id), within the per-sandbox limits.
+func NewPublisher(nc *nats.Conn, service string, log zerolog.Logger, opts ...Option) (*Publisher, error) {
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{js: js, log: log, q: make(chan pubItem, QueueSize), stop: make(chan struct{})}
-	p.subject = func(ev Event) string { return Subject(subjectToken(ev.Sandbox)) }
+	p := &Publisher{js: js, log: log, service: service, limits: DefaultLimits, q: make(chan pubItem, QueueSize), stop: make(chan struct{})}
+	for _, o := range opts {
+		o(p)
+	}
 	p.wg.Add(1)
 	go p.run()
+	if p.limits.Rate > 0 {
+		p.lim = newLimiter(p.limits, p.write)
+		p.wg.Add(1)
+		go p.ticks()
+	}
 	return p, nil
+}
+
+// ticks writes folded events and summaries as they fall due, and all that is pending when the
+// publisher closes.
+func (p *Publisher) ticks() {
+	defer p.wg.Done()
+	every := max(p.limits.Window/4, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			p.lim.tick(time.Now(), true)
+			close(p.q)
+			return
+		case <-t.C:
+			p.lim.tick(time.Now(), false)
+		}
+	}
 }
 
 // NewSpooledPublisher is NewPublisher with a write-ahead spool file at path (one publisher per
 // file): events are on disk before they are published, and the ones a previous publisher on the
 // same file never got acknowledged are published again first.
-func NewSpooledPublisher(nc *nats.Conn, log zerolog.Logger, path string) (*Publisher, error) {
-	sp, left, err := openSpool(path)
+func NewSpooledPublisher(nc *nats.Conn, service string, log zerolog.Logger, path string, opts ...Option) (*Publisher, error) {
+	sp, left, err := openSpool(path, service)
 	if err != nil {
 		return nil, err
 	}
-	p, err := NewPublisher(nc, log)
+	p, err := NewPublisher(nc, service, log, opts...)
 	if err != nil {
 		sp.close()
 		return nil, err
@@ -105,31 +138,33 @@ func (p *Publisher) enqueue(it pubItem) {
 	p.q <- it
 }
 
-// subjectToken keeps a subject token free of separators and wildcards.
-func subjectToken(s string) string {
-	if s == "" {
-		return "unknown"
+// Emit implements Sink: the event is written now, folded into an identical one written
+// within the window, or counted in the sandbox's next `suppressed` summary (Limits).
+func (p *Publisher) Emit(_ context.Context, ev Event) {
+	now := time.Now()
+	if ev.Time.IsZero() {
+		ev.Time = now.UTC()
 	}
-	b := []byte(s)
-	for i, c := range b {
-		switch c {
-		case '.', '*', '>', ' ', '\t', '\r', '\n', '/':
-			b[i] = '_'
-		}
+	clip(&ev)
+	ev.Count, ev.First, ev.Last = 0, nil, nil
+	if p.lim != nil && !p.lim.admit(ev, now) {
+		return
 	}
-	return string(b)
+	p.write(ev, false)
 }
 
-// Emit implements Sink.
-func (p *Publisher) Emit(_ context.Context, ev Event) {
-	if ev.Time.IsZero() {
-		ev.Time = time.Now().UTC()
-	}
-	data, err := json.Marshal(ev)
+// write queues one event for publishing: a decision on its sandbox's subject, a summary on
+// the sandbox's suppressed subject.
+func (p *Publisher) write(ev Event, summary bool) {
+	data, err := marshal(ev)
 	if err != nil {
 		return
 	}
-	p.enqueue(pubItem{subject: p.subject(ev), id: nuid.Next(), data: data})
+	subject := Subject(p.service, ev.Sandbox)
+	if summary {
+		subject = SuppressedSubject(p.service, ev.Sandbox)
+	}
+	p.enqueue(pubItem{subject: subject, id: nuid.Next(), data: data})
 }
 
 // maxBatch bounds the events spooled with one write.
@@ -221,7 +256,12 @@ func (p *Publisher) backoff(it pubItem) {
 // Close publishes what is queued and waits for the acks, or until ctx ends. With a spool, what
 // was not acknowledged by then stays in it for the next run.
 func (p *Publisher) Close(ctx context.Context) error {
-	p.once.Do(func() { close(p.q); close(p.stop) })
+	p.once.Do(func() {
+		close(p.stop)
+		if p.lim == nil {
+			close(p.q)
+		} // else ticks writes what is pending, then closes the queue
+	})
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
 	select {

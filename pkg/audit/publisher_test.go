@@ -16,7 +16,7 @@ import (
 
 func TestPublisherStoresEveryEvent(t *testing.T) {
 	b := testutil.NewBus(t)
-	p, err := audit.NewPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop())
+	p, err := audit.NewPublisher(b.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(), audit.WithLimits(audit.Unlimited))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestPublisherStoresEveryEvent(t *testing.T) {
 	if info.State.Msgs != n {
 		t.Fatalf("stream holds %d events, want %d", info.State.Msgs, n)
 	}
-	msg, err := st.GetLastMsgForSubject(ctx, "nexus.audit.egress.sb-1")
+	msg, err := st.GetLastMsgForSubject(ctx, "nexus.audit.netstack.sb-1")
 	if err != nil {
 		t.Fatal(err)
 	}

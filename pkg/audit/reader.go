@@ -32,7 +32,7 @@ func Tail(ctx context.Context, nc *nats.Conn, o TailOptions, fn func(Event) erro
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	for _, id := range o.Sandboxes {
-		cfg.FilterSubjects = append(cfg.FilterSubjects, Subject(id))
+		cfg.FilterSubjects = append(cfg.FilterSubjects, SandboxSubjects(id)...)
 	}
 	if !o.Since.IsZero() {
 		since := o.Since

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -43,8 +44,9 @@ type spool struct {
 }
 
 // openSpool locks path (one publisher per file), reads back what was never acknowledged, and
-// rewrites the file to hold just that.
-func openSpool(path string) (*spool, []pubItem, error) {
+// rewrites the file to hold just that. An event an older build spooled on the legacy
+// nexus.audit.egress.<sandbox> is moved under service's own subject, where it may publish.
+func openSpool(path, service string) (*spool, []pubItem, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, nil, fmt.Errorf("audit spool: %w", err)
 	}
@@ -60,6 +62,12 @@ func openSpool(path string) (*spool, []pubItem, error) {
 	if err != nil {
 		f.Close()
 		return nil, nil, err
+	}
+	legacy := Prefix + "." + LegacyService + "."
+	for i := range left {
+		if id, ok := strings.CutPrefix(left[i].subject, legacy); ok {
+			left[i].subject = Subject(service, id)
+		}
 	}
 	s := &spool{f: f}
 	if err := s.reset(left); err != nil {

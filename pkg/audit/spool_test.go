@@ -44,7 +44,7 @@ func TestSpoolSurvivesACrash(t *testing.T) {
 
 	// A first run: two events acknowledged, then the connection dies and three more are emitted.
 	nc := b.Connect(t, bus.UserNetstack)
-	p1, err := audit.NewSpooledPublisher(nc, zerolog.Nop(), path)
+	p1, err := audit.NewSpooledPublisher(nc, bus.UserNetstack, zerolog.Nop(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,12 +81,12 @@ func TestSpoolSurvivesACrash(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop(), path); err == nil {
+	if _, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(), path); err == nil {
 		t.Fatal("a second publisher took a spool that is in use")
 	}
 	p1.ReleaseSpoolForTest()
 
-	p2, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop(), path)
+	p2, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestSpoolSurvivesACrash(t *testing.T) {
 		t.Fatalf("stream after the restart: ports %v, want 1..5 once each", got)
 	}
 	// Everything is acknowledged now: a third run publishes nothing again.
-	p3, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), zerolog.Nop(), path)
+	p3, err := audit.NewSpooledPublisher(b.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(), path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 func (s *Service) serve(ctx context.Context, l *listener, c *net.UnixConn) {
 	defer c.Close()
 	ss := &session{s: s, l: l, c: c, fr: api.NewFrameReader(c), out: &lockedWriter{w: c},
-		ev: audit.Event{Sandbox: l.id, Layer: audit.LayerGit, Proto: "ssh"}}
+		ev: audit.Event{Sandbox: l.id, Name: l.name, Layer: audit.LayerGit, Proto: "ssh"}}
 	c.SetReadDeadline(time.Now().Add(helloTimeout))
 	typ, p, err := ss.fr.Next(api.MaxHello)
 	if err != nil || typ != api.FrameHello {

@@ -105,7 +105,7 @@ func (s *Service) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if s.cfg.Audit == nil {
-		pub, err := audit.NewSpooledPublisher(s.cfg.Bus, s.log, s.cfg.Home.AuditSpool("gitrelay"))
+		pub, err := audit.NewSpooledPublisher(s.cfg.Bus, bus.UserGitrelay, s.log, s.cfg.Home.AuditSpool("gitrelay"))
 		if err != nil {
 			return fmt.Errorf("gitrelay: audit: %w", err)
 		}

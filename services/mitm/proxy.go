@@ -311,7 +311,7 @@ func (p *Proxy) onConnect(target string, ctx *goproxy.ProxyCtx) (*goproxy.Connec
 	}
 	host, port, err := splitHostPort(target, "443")
 	if err != nil {
-		p.emit(audit.Event{Sandbox: sb.ID, Layer: audit.LayerHTTP, Method: http.MethodConnect,
+		p.emit(audit.Event{Sandbox: sb.ID, Name: sb.Name, Layer: audit.LayerHTTP, Method: http.MethodConnect,
 			Status: http.StatusBadRequest, Decision: audit.Deny, Rule: RuleBadTarget, Reason: "bad CONNECT target"})
 		ctx.Resp = textResponse(r, http.StatusBadRequest, "nexus: refused: bad CONNECT target")
 		return p.rejectAction, target
@@ -348,7 +348,7 @@ func (p *Proxy) tlsConfig(sess *session) *tls.Config {
 			if hello.ServerName != "" {
 				sni, err := normalizeHost(hello.ServerName)
 				if err != nil || sni != sess.host {
-					p.emit(audit.Event{Sandbox: sess.sb.ID, Layer: audit.LayerTLS, Host: sess.host, Decision: audit.Deny,
+					p.emit(audit.Event{Sandbox: sess.sb.ID, Name: sess.sb.Name, Layer: audit.LayerTLS, Host: sess.host, Decision: audit.Deny,
 						Rule: RuleSNIMismatch, Reason: "TLS server name differs from the CONNECT host"})
 					return nil, errSNIMismatch
 				}
@@ -400,7 +400,7 @@ func (p *Proxy) resolve(ctx context.Context, sb *Sandbox, host, placeholder stri
 
 func (p *Proxy) emitRequest(rs *reqState, status int, respBytes int64, decision, rule, reason string) {
 	p.emit(audit.Event{
-		Sandbox: rs.sess.sb.ID, Layer: audit.LayerHTTP, Host: rs.sess.host, Port: atoiPort(rs.sess.port),
+		Sandbox: rs.sess.sb.ID, Name: rs.sess.sb.Name, Layer: audit.LayerHTTP, Host: rs.sess.host, Port: atoiPort(rs.sess.port),
 		Method: rs.req.Method, Path: rs.path, Status: status, Bytes: respBytes + rs.reqBody.n,
 		Decision: decision, Rule: rule, Reason: reason, Swapped: rs.swapped,
 	})

@@ -64,6 +64,7 @@ type Verdict struct {
 // Sandbox is what the proxy knows about one sandbox.
 type Sandbox struct {
 	ID        string
+	Name      string // for people, in audit events
 	TokenHash [32]byte
 	Allowed   HostSet
 	// creds maps a placeholder's SHA-256 to the hosts it is swapped on.
@@ -102,7 +103,7 @@ func NewSandbox(p mitmapi.SandboxPolicy, policy HTTPPolicy) (*Sandbox, error) {
 	if err != nil {
 		return nil, errdefs.Invalid("mitm: sandbox %s: %v", p.ID, err)
 	}
-	sb := &Sandbox{ID: p.ID, TokenHash: tok, Allowed: allowed, creds: map[[32]byte]HostSet{}, Policy: policy}
+	sb := &Sandbox{ID: p.ID, Name: p.Name, TokenHash: tok, Allowed: allowed, creds: map[[32]byte]HostSet{}, Policy: policy}
 	for _, c := range p.Credentials {
 		h, err := decodeHash(c.PlaceholderHash)
 		if err != nil {

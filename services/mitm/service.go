@@ -58,7 +58,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.restore(); err != nil {
 		return err
 	}
-	pub, err := audit.NewSpooledPublisher(s.cfg.Bus, s.cfg.Log, s.cfg.Home.AuditSpool("mitm"))
+	pub, err := audit.NewSpooledPublisher(s.cfg.Bus, bus.UserMITM, s.cfg.Log, s.cfg.Home.AuditSpool("mitm"))
 	if err != nil {
 		return err
 	}

@@ -194,7 +194,7 @@ func (t *tunnel) refuse(rs *reqState, v *verdict) bool {
 // refuseUnread answers a request that could not be read whole, audits it, and closes.
 func (t *tunnel) refuseUnread(status int, rule, reason string) {
 	t.writeLine(status, reason, true)
-	t.p.emit(audit.Event{Sandbox: t.sess.sb.ID, Layer: audit.LayerHTTP, Host: t.sess.host, Port: atoiPort(t.sess.port),
+	t.p.emit(audit.Event{Sandbox: t.sess.sb.ID, Name: t.sess.sb.Name, Layer: audit.LayerHTTP, Host: t.sess.host, Port: atoiPort(t.sess.port),
 		Status: status, Decision: audit.Deny, Rule: rule, Reason: reason})
 	t.p.log.Info().Str(logKeySandbox, t.sess.sb.ID).Str(logKeyHost, t.sess.host).Str(logKeyRule, rule).Msg("request refused")
 }

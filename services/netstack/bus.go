@@ -49,7 +49,7 @@ func New(cfg Config) (*Service, error) {
 // ends; then it removes every network.
 func (s *Service) Run(ctx context.Context) error {
 	cfg := s.cfg
-	pub, err := audit.NewSpooledPublisher(cfg.Bus, cfg.Log, cfg.Home.AuditSpool("netstack"))
+	pub, err := audit.NewSpooledPublisher(cfg.Bus, bus.UserNetstack, cfg.Log, cfg.Home.AuditSpool("netstack"))
 	if err != nil {
 		return err
 	}

@@ -399,7 +399,7 @@ func (n *network) info() Info {
 // emit publishes one decision and counts it.
 func (n *network) emit(ev audit.Event) {
 	ev.Time = time.Now().UTC()
-	ev.Sandbox = n.id
+	ev.Sandbox, ev.Name = n.id, n.name
 	if ev.Decision == audit.Allow {
 		n.allowed.Add(1)
 	} else {

@@ -33,6 +33,8 @@ type Empty = struct{}
 // SandboxPolicy is everything the MITM knows about one sandbox.
 type SandboxPolicy struct {
 	ID string `json:"id"`
+	// Name is the sandbox's name, which audit events carry for people (the id is the key).
+	Name string `json:"name,omitempty"`
 	// TokenHash is HashHex of the token the netstack shim presents in Proxy-Authorization.
 	TokenHash string `json:"token_hash"`
 	// AllowedHosts is the hostname allowlist ("api.github.com", "*.example.com").
