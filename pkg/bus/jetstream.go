@@ -14,6 +14,11 @@ import (
 // it every second).
 const LeaseTTL = 5 * time.Second
 
+// AuditPerSubject is how many events the audit stream keeps per subject, that is per service and
+// sandbox (nexus.audit.<service>.<sandbox>): a sandbox writing more evicts only its own oldest
+// events, never another's (docs/audit.md).
+const AuditPerSubject = 10000
+
 // EnsureJetStream creates (or updates) every bucket and stream nexus uses. Only the bus user
 // may do this; services bind to what exists.
 func EnsureJetStream(ctx context.Context, nc *nats.Conn) error {
@@ -37,6 +42,9 @@ func EnsureJetStream(ctx context.Context, nc *nats.Conn) error {
 			Name: StreamAudit, Description: "every egress decision", Subjects: []string{AuditPrefix + ".>"},
 			Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, Discard: jetstream.DiscardOld,
 			MaxAge: 30 * 24 * time.Hour, MaxBytes: 1 << 30, Duplicates: 2 * time.Minute,
+			// Updated in place on an existing home: the old nexus.audit.egress.<sandbox>
+			// events stay under the same subjects, now with the per-subject limit.
+			MaxMsgsPerSubject: AuditPerSubject,
 		},
 		{
 			Name: StreamEvents, Description: "lifecycle, listener and port events", Subjects: []string{EventsPrefix + ".>"},

@@ -6,10 +6,9 @@ const (
 	// LocalHost is the host name of a single-machine installation.
 	LocalHost = "local"
 
-	EventsPrefix    = "nexus.events"
-	AuditPrefix     = "nexus.audit"
-	StreamPrefix    = "nexus.stream"
-	AuditEgressWild = "nexus.audit.egress.>"
+	EventsPrefix = "nexus.events"
+	AuditPrefix  = "nexus.audit"
+	StreamPrefix = "nexus.stream"
 
 	// KV buckets.
 	KVSandboxes = "nexus_sandboxes"

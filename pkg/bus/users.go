@@ -43,18 +43,38 @@ type Creds struct {
 	Password string `json:"password"`
 }
 
-// jsRead lets a client use JetStream streams and buckets that exist (info, direct gets,
-// consumers, acks) without creating, deleting or purging any.
-var jsRead = []string{
-	"$JS.API.INFO",
-	"$JS.API.STREAM.INFO.*",
-	"$JS.API.STREAM.NAMES",
-	"$JS.API.STREAM.MSG.GET.*",
-	"$JS.API.DIRECT.GET.>",
-	"$JS.API.CONSUMER.>",
-	"$JS.ACK.>",
-	"$JS.FC.>",
+// JetStream access is granted per stream and per bucket, never account-wide: a service reads the
+// streams and buckets it needs and nothing else, creates consumers only on those (it never
+// deletes one: ephemeral consumers go away on their own when idle), and writes only its own
+// buckets. The JetStream API subjects are $JS.API.<op>.<stream>[.<consumer>[.<filter>]].
+
+// streamRead lets a client look a stream up, read messages of it by sequence or subject, and
+// follow it with its own ephemeral consumers.
+func streamRead(stream string) []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+		"$JS.API.CONSUMER.CREATE." + stream,
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".*",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".*",
+		"$JS.FC." + stream + ".>",
+	}
 }
+
+// kvRead lets a client get keys of a bucket, list and watch it.
+func kvRead(bucket string) []string { return streamRead("KV_" + bucket) }
+
+// kvWrite is kvRead plus puts and deletes of its keys.
+func kvWrite(bucket string) []string {
+	return append(kvRead(bucket), "$KV."+bucket+".>")
+}
+
+// AuditPublish is what a service may publish audit events on: its own prefix only, so that no
+// service can write events in another's name (nexus.audit.<service>.<sandbox>).
+func AuditPublish(service string) string { return AuditPrefix + "." + service + ".>" }
 
 // permissions is the least-privilege table: what each user may publish and subscribe to.
 // Replies to requests a user received are always allowed (allow_responses).
@@ -69,41 +89,53 @@ func permissions(user string) *server.Permissions {
 			Response: &server.ResponsePermission{MaxMsgs: 1 << 20, Expires: MaxHandlerTime + time.Minute},
 		}
 	}
-	with := func(base []string, more ...string) []string { return append(append([]string{}, base...), more...) }
+	join := func(lists ...[]string) []string {
+		var out []string
+		for _, l := range lists {
+			out = append(out, l...)
+		}
+		return out
+	}
 	credResolve := CredAPI.Subject("", CredResolveVerb)
 	switch user {
 	case UserAdmin:
 		return nil // all subjects
 	case UserBus:
-		return p(with(jsRead, "$JS.API.>", "$SRV.>"), []string{"$SRV.>"})
+		return p([]string{"$JS.API.>", "$SRV.>"}, []string{"$SRV.>"})
 	case UserGateway:
-		perm := p(with(jsRead,
-			VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
-			EventsPrefix+".>", StreamPrefix+".>", AuditPrefix+".>",
-			"$KV."+KVSandboxes+".>", "$KV."+KVLeases+".>", "$KV."+KVSnapshots+".>", "$SRV.>"),
+		perm := p(join(
+			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
+				EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"},
+			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots),
+			// `nexus ps` and `egress show` look up each sandbox's last `suppressed` summary.
+			[]string{"$JS.API.STREAM.INFO." + StreamAudit, "$JS.API.STREAM.MSG.GET." + StreamAudit, "$JS.API.DIRECT.GET." + StreamAudit + ".>"}),
 			[]string{GatewayAPI.All(), EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
 		perm.Publish.Deny = []string{credResolve}
 		return perm
 	case UserVMM:
-		return p(with(jsRead, EventsPrefix+".>", StreamPrefix+".*.out", "$KV."+KVSnapshots+".>", "$SRV.>"),
+		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>"},
 			[]string{VMMAPI.All(), StreamPrefix + ".*.in", "$SRV.>"})
 	case UserNetstack:
-		return p(with(jsRead, AuditPrefix+".egress.>", EventsPrefix+".>", "$SRV.>"),
+		return p([]string{AuditPublish(UserNetstack), "$SRV.>"},
 			[]string{NetstackAPI.All(), "$SRV.>"})
 	case UserMITM:
-		return p(with(jsRead, credResolve, AuditPrefix+".egress.>", "$SRV.>"),
+		return p([]string{credResolve, AuditPublish(UserMITM), "$SRV.>"},
 			[]string{MITMAPI.All(), "$SRV.>"})
 	case UserCredbroker:
-		return p(with(jsRead, AuditPrefix+".egress.>", "$SRV.>"),
+		return p([]string{"$SRV.>"},
 			[]string{CredAPI.All(), "$SRV.>"})
 	case UserGitrelay:
-		return p(with(jsRead, AuditPrefix+".egress.>", "$SRV.>"),
+		// It reads the sandbox records (the repo policy) and follows lifecycle events.
+		return p(join([]string{AuditPublish(UserGitrelay), "$SRV.>"}, kvRead(KVSandboxes), streamRead(StreamEvents)),
 			[]string{GitrelayAPI.All(), "$SRV.>"})
 	case UserPortfwd:
-		return p(with(jsRead, EventsPrefix+".ports.>", "$KV."+KVPorts+".>", "$SRV.>"),
+		return p(join([]string{EventsPrefix + ".ports.>", "$SRV.>"}, kvWrite(KVPorts), streamRead(StreamEvents)),
 			[]string{PortfwdAPI.All(), EventsPrefix + ".>", "$SRV.>"})
 	case UserCLI:
-		return p(with(jsRead, GatewayAPI.All(), StreamPrefix+".*.in", "$SRV.>", "$KV."+KVLeases+".>"),
+		// The operator's reader of the audit stream (`nexus audit tail`, the MCP audit tool),
+		// which also removes the consumers it made there.
+		return p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"},
+			kvWrite(KVLeases), streamRead(StreamAudit)),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
 	}
 	// Unknown users get nothing at all.

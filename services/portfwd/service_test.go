@@ -302,7 +302,7 @@ func TestForwardEchoAndHTTP(t *testing.T) {
 		t.Fatalf("forward record %+v", f)
 	}
 	// The record is in KV nexus_ports under <id>.<port>.
-	kv, err := bus.KV(context.Background(), st.gw, bus.KVPorts)
+	kv, err := bus.KV(context.Background(), st.bus.Connect(t, bus.UserAdmin), bus.KVPorts)
 	if err == nil {
 		_, err = kv.Get(context.Background(), key("sb-echo", pEcho))
 	}
