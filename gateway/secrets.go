@@ -43,5 +43,6 @@ func (g *Service) egressShow(ctx context.Context, r api.NameRequest) (api.Egress
 	if info, err := netapi.NewClient(g.cfg.Bus, sb.Host).Show(ctx, sb.ID); err == nil {
 		v.Network = &info
 	}
+	v.AuditLimited = g.auditLimits(ctx, sb.ID)[sb.ID]
 	return v, nil
 }

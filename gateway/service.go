@@ -382,6 +382,14 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 		}
 		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes})
 	}
+	ids := make([]string, len(out))
+	for i := range out {
+		ids[i] = out[i].ID
+	}
+	limited := g.auditLimits(ctx, ids...)
+	for i := range out {
+		out[i].AuditLimited = limited[out[i].ID]
+	}
 	return out, nil
 }
 

@@ -249,6 +249,10 @@ func egressCommand() *cobra.Command {
 			if len(v.Secrets) > 0 {
 				fmt.Fprintf(w, "secrets:  %s (placeholders in the guest; swapped by the mitm)\n", strings.Join(v.Secrets, " "))
 			}
+			if l := v.AuditLimited; l != nil {
+				fmt.Fprintf(w, "audit:    limited: over its audit rate, %d events recorded only as counts (last %s); see nexus audit tail --sandbox %s\n",
+					l.Suppressed, l.Last.Local().Format("15:04:05"), v.Sandbox)
+			}
 			if v.Network == nil {
 				fmt.Fprintln(w, "network:  none (no packet leaves)")
 				return nil

@@ -175,7 +175,7 @@ func psCommand() *cobra.Command {
 				if s.RSSBytes > 0 {
 					mem = fmt.Sprintf("%dMiB/%dMiB", s.RSSBytes>>20, s.MemoryMiB)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Image, s.Agent, egressColumn(s.Egress),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Image, s.Agent, egressColumn(s.Egress)+auditLimitedMark(s.AuditLimited),
 					mem, dash(api.FormatLabels(s.Labels)), ageColumn(s.Sandbox), s.Host)
 			}
 			return tw.Flush()
@@ -184,6 +184,14 @@ func psCommand() *cobra.Command {
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and failed sandboxes")
 	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k (in a value, \\ escapes , and \\)")
 	return cmd
+}
+
+// auditLimitedMark flags, in the EGRESS column, a sandbox that keeps hitting its audit limit.
+func auditLimitedMark(l *api.AuditLimit) string {
+	if l == nil {
+		return ""
+	}
+	return " (audit limited)"
 }
 
 func egressColumn(e api.Egress) string {

@@ -70,6 +70,16 @@ type Result struct {
 type SandboxView struct {
 	Sandbox
 	RSSBytes int64 `json:"rss_bytes,omitempty"`
+	// AuditLimited is set when the sandbox keeps hitting its audit limit (docs/audit.md).
+	AuditLimited *AuditLimit `json:"audit_limited,omitempty"`
+}
+
+// AuditLimit flags a sandbox whose decisions were over its audit rate lately: the services wrote
+// `suppressed` summaries for it instead of its events, the last at Last, standing for Suppressed
+// events (the last summary of each service).
+type AuditLimit struct {
+	Last       time.Time `json:"last"`
+	Suppressed int64     `json:"suppressed"`
 }
 
 // CreateTimeout bounds a create: image preparation plus a TCG boot.
@@ -127,4 +137,6 @@ type EgressView struct {
 	Egress  Egress       `json:"egress"`
 	Secrets []string     `json:"secrets,omitempty"`
 	Network *netapi.Info `json:"network,omitempty"`
+	// AuditLimited: the sandbox keeps hitting its audit limit.
+	AuditLimited *AuditLimit `json:"audit_limited,omitempty"`
 }

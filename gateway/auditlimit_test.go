@@ -1,0 +1,71 @@
+package gateway
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/IniZio/nexus/internal/testutil"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/bus"
+)
+
+// TestAuditLimitedIsFlagged: a sandbox over its audit rate (its netstack wrote `suppressed`
+// summaries for it) is flagged in ps and egress show; the others are not.
+func TestAuditLimitedIsFlagged(t *testing.T) {
+	b := testutil.NewBus(t)
+	nc := b.Connect(t, bus.UserGateway)
+	startFakeServices(t, b.Connect(t, bus.UserAdmin))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg, err := NewRegistry(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
+	flood := &api.Sandbox{Name: "default/flood", Image: "nexus-mini", Host: bus.LocalHost}
+	quiet := &api.Sandbox{Name: "default/quiet", Image: "nexus-mini", Host: bus.LocalHost}
+	for _, sb := range []*api.Sandbox{flood, quiet} {
+		if err := reg.Create(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := audit.NewPublisher(b.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(),
+		audit.WithLimits(audit.Limits{Rate: 1, Burst: 1, Window: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		p.Emit(ctx, audit.Event{Sandbox: flood.ID, Layer: audit.LayerDNS, Port: i, Decision: audit.Deny})
+	}
+	p.Emit(ctx, audit.Event{Sandbox: quiet.ID, Layer: audit.LayerDNS, Decision: audit.Deny})
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := g.list(ctx, api.ListRequest{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range list {
+		switch v.Name {
+		case flood.Name:
+			if v.AuditLimited == nil || v.AuditLimited.Suppressed != 19 || time.Since(v.AuditLimited.Last) > time.Minute {
+				t.Errorf("ps: the flooder is not flagged: %+v", v.AuditLimited)
+			}
+		case quiet.Name:
+			if v.AuditLimited != nil {
+				t.Errorf("ps: the quiet sandbox is flagged: %+v", v.AuditLimited)
+			}
+		}
+	}
+	v, err := g.egressShow(ctx, api.NameRequest{Name: flood.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.AuditLimited == nil {
+		t.Error("egress show: the flooder is not flagged")
+	}
+}
