@@ -152,10 +152,29 @@ func regularFile(p string) error {
 }
 
 // defaultRAMPath names the RAM file by id and a hash of the directory, so two nexus homes (tests)
-// using the same id never share a file.
+// using the same id never share a file. It lives in a directory of its own (0700, the file
+// 0600: guest memory is for this user only), which removeRAM removes with it. A VM started by
+// an older build keeps the path it recorded (/dev/shm/nexus-<id>-<hash>.ram).
 func defaultRAMPath(id, dir string) string {
 	h := sha256.Sum256([]byte(dir))
-	return "/dev/shm/nexus-" + id + "-" + hex.EncodeToString(h[:4]) + ".ram"
+	return "/dev/shm/nexus-" + id + "-" + hex.EncodeToString(h[:4]) + "/nexus-guest.ram"
+}
+
+// createRAM makes an empty RAM file at p, 0600 in a 0700 directory, for QEMU to size and map.
+func createRAM(p string) error {
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return err
+	}
+	os.Remove(p)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // kernelCmdline builds the command line the agent reads (see the agent's contract).

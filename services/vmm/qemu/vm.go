@@ -82,7 +82,9 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		ram = defaultRAMPath(spec.ID, spec.Dir)
 	}
 	if !spec.Incoming {
-		os.Remove(ram)
+		if err := createRAM(ram); err != nil {
+			return nil, fmt.Errorf("start %s: guest RAM: %w", spec.ID, err)
+		}
 	}
 
 	logf, err := os.OpenFile(logPath(spec.Dir), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -372,6 +374,10 @@ func (vm *VM) RAMPath() string { return vm.ramPath }
 func removeRAM(p string) {
 	if p != "" && strings.HasPrefix(filepath.Base(p), "nexus-") {
 		os.Remove(p)
+		// The RAM file's own directory (defaultRAMPath), once empty.
+		if dir := filepath.Dir(p); filepath.Dir(dir) == "/dev/shm" && strings.HasPrefix(filepath.Base(dir), "nexus-") {
+			os.Remove(dir)
+		}
 	}
 }
 
