@@ -54,6 +54,7 @@ var permMatrix = []permCase{
 	{what: "read sandbox records", subject: kvGet(bus.KVSandboxes), allowed: []string{bus.UserGateway, bus.UserGitrelay}},
 	{what: "write sandbox records", subject: "$KV." + bus.KVSandboxes + ".somekey", body: `{}`, allowed: []string{bus.UserGateway}},
 	{what: "watch sandbox records", subject: "$JS.API.CONSUMER.CREATE.KV_" + bus.KVSandboxes, body: ephemeralConsumer, allowed: []string{bus.UserGateway, bus.UserGitrelay}},
+	{what: "remove a watcher of sandbox records", subject: "$JS.API.CONSUMER.DELETE.KV_" + bus.KVSandboxes + ".victim", allowed: []string{bus.UserGateway}},
 	{what: "subscribe to sandbox record updates", subject: "$KV." + bus.KVSandboxes + ".>", sub: true},
 	{what: "read port forwards", subject: kvGet(bus.KVPorts), allowed: []string{bus.UserPortfwd}},
 	{what: "write port forwards", subject: "$KV." + bus.KVPorts + ".somekey", body: `{}`, allowed: []string{bus.UserPortfwd}},

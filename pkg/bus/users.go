@@ -67,9 +67,10 @@ func streamRead(stream string) []string {
 // kvRead lets a client get keys of a bucket, list and watch it.
 func kvRead(bucket string) []string { return streamRead("KV_" + bucket) }
 
-// kvWrite is kvRead plus puts and deletes of its keys.
+// kvWrite is kvRead plus puts and deletes of its keys, and removing the watchers on it (its
+// owner's own: only the owner watches a bucket).
 func kvWrite(bucket string) []string {
-	return append(kvRead(bucket), "$KV."+bucket+".>")
+	return append(kvRead(bucket), "$KV."+bucket+".>", "$JS.API.CONSUMER.DELETE.KV_"+bucket+".*")
 }
 
 // AuditPublish is what a service may publish audit events on: its own prefix only, so that no
