@@ -200,6 +200,11 @@ func (s *Service) open(ctx context.Context, id, name string) {
 	}
 	os.Remove(path)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err == nil {
+		if err = os.Chmod(path, 0o600); err != nil {
+			ln.Close()
+		}
+	}
 	if err != nil {
 		s.log.Warn().Err(err).Str(logSandbox, name).Msg("gitrelay: cannot listen")
 		return

@@ -264,7 +264,10 @@ func (b *boot) newDisk(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.image+"\n"), 0o600); err != nil {
 		return err
 	}
-	return image.NewOverlay(b.base, b.disk)
+	if err := image.NewOverlay(b.base, b.disk); err != nil {
+		return err
+	}
+	return os.Chmod(b.disk, 0o600) // the guest's disk: for this user only
 }
 
 // machineSpec is the VM every boot starts: the kernel, the disk and the sandbox's devices.

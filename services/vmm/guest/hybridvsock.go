@@ -48,6 +48,10 @@ func ServeHybridVsock(ctx context.Context, c *Client, sockPath, hostDialDir stri
 	if err != nil {
 		return fmt.Errorf("hybrid vsock: %w", err)
 	}
+	if err := os.Chmod(sockPath, 0o600); err != nil { // the guest's agent: for this user only
+		l.Close()
+		return fmt.Errorf("hybrid vsock: %w", err)
+	}
 	defer os.Remove(sockPath)
 	go func() {
 		select {

@@ -77,6 +77,12 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		os.Remove(p)
 	}
 	rotate(consolePath(spec.Dir), maxConsoleLog)
+	// QEMU appends to the console log and creates its sockets with the process umask: the log
+	// is made private first, the sockets once QEMU has them (the directory is 0700 as well).
+	if f, err := os.OpenFile(consolePath(spec.Dir), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+		f.Close()
+		os.Chmod(consolePath(spec.Dir), 0o600)
+	}
 	ram := spec.RAMPath
 	if ram == "" {
 		ram = defaultRAMPath(spec.ID, spec.Dir)
@@ -130,6 +136,12 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 			return nil, fmt.Errorf("start %s: %w: %s", spec.ID, err, l)
 		}
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	// QEMU has made its sockets by the time QMP answers (the network one is its listener too).
+	for _, p := range []string{qmpPath(spec.Dir), AgentSocket(spec.Dir), spec.NetSocket} {
+		if p != "" {
+			os.Chmod(p, 0o600)
+		}
 	}
 	d.cfg.Logger.Debug().Str("vm", spec.ID).Int("pid", vm.pid).Str("accel", accel).Msg("qemu started")
 	return vm, nil
