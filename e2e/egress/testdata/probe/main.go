@@ -6,6 +6,8 @@
 //	probe http IP METHOD URL BODY [NAME:VALUE]...   one HTTP(S) request (http.go)
 //	probe ipv6 ADDR PORT          connect(2) first, then raw TCP SYN, UDP and ICMPv6 echo
 //	                              frames; exit 0 only if anything answered
+//	probe dnsflood IP:PORT SECONDS  DNS queries for long random names as fast as it can;
+//	                              prints how many it sent
 package main
 
 import (
@@ -33,11 +35,56 @@ func main() {
 		os.Exit(udp(os.Args[2], os.Args[3]))
 	case "http":
 		os.Exit(httpProbe(os.Args[2:]))
+	case "dnsflood":
+		secs, _ := strconv.Atoi(os.Args[3])
+		os.Exit(dnsflood(os.Args[2], time.Duration(secs)*time.Second))
 	case "ipv6":
 		port, _ := strconv.Atoi(os.Args[3])
 		os.Exit(ipv6(netip.MustParseAddr(os.Args[2]), uint16(port)))
 	}
 	os.Exit(2)
+}
+
+// dnsflood sends A queries for names of four 60-byte labels, each name new, without waiting
+// for the answers (a reader drains them), for d.
+func dnsflood(addr string, d time.Duration) int {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		fmt.Println("dnsflood:", err)
+		return 1
+	}
+	defer c.Close()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+					return
+				}
+			}
+		}
+	}()
+	label := make([]byte, 60)
+	for i := range label {
+		label[i] = 'a' + byte(i%26)
+	}
+	sent := 0
+	for end := time.Now().Add(d); time.Now().Before(end); sent++ {
+		q := []byte{byte(sent >> 8), byte(sent), 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0}
+		for l := 0; l < 3; l++ {
+			q = append(q, 60)
+			q = append(q, label...)
+		}
+		tag := fmt.Sprintf("n%d", sent)
+		q = append(q, byte(len(tag)))
+		q = append(q, tag...)
+		q = append(q, 5, 'f', 'l', 'o', 'o', 'd', 0, 0, 1, 0, 1)
+		if _, err := c.Write(q); err != nil {
+			time.Sleep(time.Millisecond) // the socket buffer is full
+		}
+	}
+	fmt.Println("sent", sent)
+	return 0
 }
 
 func udp(addr, msg string) int {
