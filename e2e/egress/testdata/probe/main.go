@@ -45,7 +45,7 @@ func main() {
 	os.Exit(2)
 }
 
-// dnsflood sends A queries for names of four 60-byte labels, each name new, without waiting
+// dnsflood sends A queries for names of three 60-byte labels and a counter, each name new, without waiting
 // for the answers (a reader drains them), for d.
 func dnsflood(addr string, d time.Duration) int {
 	c, err := net.Dial("udp", addr)
