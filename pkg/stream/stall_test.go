@@ -29,16 +29,7 @@ func TestStalledReaderOutlivesPeerGone(t *testing.T) {
 		{"stdin", stream.KindStdin, true},
 	} {
 		t.Run(dir.name, func(t *testing.T) {
-			b := testutil.NewBus(t)
-			sid := stream.NewID()
-			cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cli, srv := pair(t)
 			writer, reader := srv, cli
 			if dir.clientWrites {
 				writer, reader = cli, srv
@@ -114,16 +105,7 @@ func TestStalledReaderOutlivesPeerGone(t *testing.T) {
 
 // Messages received before the peer closed are all read before Recv reports the close.
 func TestCloseAfterQueuedMessages(t *testing.T) {
-	b := testutil.NewBus(t)
-	sid := stream.NewID()
-	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, srv := pair(t)
 	for i := range 10 {
 		if err := srv.Write(stream.KindStdout, []byte(fmt.Sprint(i))); err != nil {
 			t.Fatal(err)
@@ -149,4 +131,20 @@ func TestCloseAfterQueuedMessages(t *testing.T) {
 	if got != `0123456789{"code":0}|exit` {
 		t.Fatalf("read %q", got)
 	}
+}
+
+// pair opens both sides of one session on a fresh bus.
+func pair(t *testing.T) (cli, srv *stream.Session) {
+	t.Helper()
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err = stream.Server(b.Connect(t, bus.UserVMM), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli, srv
 }
