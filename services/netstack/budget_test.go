@@ -32,31 +32,37 @@ func limitCount(evs []audit.Event, sandbox, rule string) int {
 	return total
 }
 
-// TestBudgetsCapAFlooder: a sandbox that floods connections and DNS queries is held to its
-// budgets, each refusal counted in one aggregated event per window, while its neighbour on the
-// same host (default budgets) is served throughout.
-func TestBudgetsCapAFlooder(t *testing.T) {
-	e := newEnv(t, curated(t)) // the neighbour, sandboxID
-	const flooder = "sb-flood"
+// flooder adds a second network with limits l to e's manager, attaches a fake guest and returns
+// it with api.test:8080 as that guest resolved it.
+func (e *env) flooder(t *testing.T, id string, l netstackapi.Limits) (*fakeguest.Guest, netip.AddrPort) {
+	t.Helper()
 	sock := shortSocket(t)
-	if _, err := e.svc.CreateNetwork(context.Background(), netstack.Spec{
-		SandboxID: flooder, SocketPath: sock, Policy: curated(t),
-		Limits: netstackapi.Limits{MaxConns: 3, DNSRate: 5},
-	}); err != nil {
+	if _, err := e.svc.CreateNetwork(context.Background(), netstack.Spec{SandboxID: id, SocketPath: sock, Policy: curated(t), Limits: l}); err != nil {
 		t.Fatal(err)
 	}
 	fg, err := fakeguest.Dial(e.ctx, sock, fakeguest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fg.Close()
+	t.Cleanup(func() { fg.Close() })
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
 	ips, err := fg.LookupA(ctx, "api.test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := netip.AddrPortFrom(ips[0], 8080)
+	return fg, netip.AddrPortFrom(ips[0], 8080)
+}
+
+// TestBudgetsCapAFlooder: a sandbox that floods connections and DNS queries is held to its
+// budgets, each refusal counted in one aggregated event per window, while its neighbour on the
+// same host (default budgets) is served throughout.
+func TestBudgetsCapAFlooder(t *testing.T) {
+	e := newEnv(t, curated(t)) // the neighbour, sandboxID
+	const flooder = "sb-flood"
+	fg, dst := e.flooder(t, flooder, netstackapi.Limits{MaxConns: 3, DNSRate: 5})
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
 
 	// Concurrent connections: three held open, the next ones reset.
 	var held []net.Conn
@@ -138,26 +144,12 @@ func TestBudgetsCapAFlooder(t *testing.T) {
 func TestConnRate(t *testing.T) {
 	e := newEnv(t, curated(t))
 	const flooder = "sb-rate"
-	sock := shortSocket(t)
-	if _, err := e.svc.CreateNetwork(context.Background(), netstack.Spec{
-		SandboxID: flooder, SocketPath: sock, Policy: curated(t), Limits: netstackapi.Limits{ConnRate: 2},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	fg, err := fakeguest.Dial(e.ctx, sock, fakeguest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fg.Close()
+	fg, dst := e.flooder(t, flooder, netstackapi.Limits{ConnRate: 2})
 	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
-	ips, err := fg.LookupA(ctx, "api.test")
-	if err != nil {
-		t.Fatal(err)
-	}
 	refused := 0
 	for range 20 {
-		c, err := fg.DialTCP(ctx, netip.AddrPortFrom(ips[0], 8080))
+		c, err := fg.DialTCP(ctx, dst)
 		if err != nil {
 			refused++
 			continue
