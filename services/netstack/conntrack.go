@@ -36,6 +36,7 @@ type flow struct {
 	cut     func()      // aborts the guest side (RST) when set
 	bytes   atomic.Int64
 	once    sync.Once
+	revoked atomic.Bool // closed by a re-judge (audited once)
 }
 
 // close ends the flow: the guest side is reset, the upstream side (the real host or the mitm
@@ -144,8 +145,8 @@ func (n *network) rejudge(rule string) int {
 // rejudgeFlow closes f if the current policy refuses it; true if it did.
 func (n *network) rejudgeFlow(f *flow, rule string) bool {
 	v, ok := n.judgeFlow(f)
-	if ok {
-		return false
+	if ok || !f.revoked.CompareAndSwap(false, true) {
+		return !ok
 	}
 	f.close()
 	n.conns.remove(f)
