@@ -22,6 +22,14 @@ func (g *Service) running(ctx context.Context, name string) (*api.Sandbox, error
 	if err != nil {
 		return nil, err
 	}
+	if pausedForIdle(sb) {
+		if err := g.resume(ctx, sb, false); err != nil {
+			return nil, fmt.Errorf("resume idle sandbox %s: %w", sb.Name, err)
+		}
+	}
+	if sb.State == api.StateRunning {
+		g.touch(sb.ID)
+	}
 	if sb.State != api.StateRunning {
 		return nil, errdefs.Conflict("sandbox %s is %s, not running: start it with `nexus start %s`", sb.Name, sb.State, sb.Name)
 	}

@@ -52,6 +52,7 @@ type Service struct {
 	log zerolog.Logger
 	// deleg holds the worktree delegations; nil without a home directory.
 	deleg *delegations
+	idle  *idleWatch
 }
 
 // New returns a gateway; Run binds it to the bus.
@@ -59,7 +60,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
 	}
-	return &Service{cfg: cfg, log: cfg.Log}, nil
+	return &Service{cfg: cfg, log: cfg.Log, idle: &idleWatch{last: map[string]idleSample{}}}, nil
 }
 
 // Run registers the endpoints and serves until ctx ends.
@@ -91,6 +92,7 @@ func (g *Service) Run(ctx context.Context) error {
 		}()
 	}
 	go g.watchLeases(ctx)
+	go g.watchIdle(ctx)
 	go func() {
 		t := time.NewTicker(ReconcileEvery)
 		defer t.Stop()
@@ -207,6 +209,12 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		sb.VCPUs = DefaultVCPUs
 	case sb.VCPUs < 0 || sb.VCPUs > MaxVCPUs:
 		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
+	}
+	if r.IdleTimeout != "" {
+		if _, err := api.ParseLifetime("idle-timeout", r.IdleTimeout); err != nil {
+			return nil, err
+		}
+		sb.IdleTimeout = r.IdleTimeout
 	}
 	if r.TTL != "" {
 		ttl, err := api.ParseTTL(r.TTL)
@@ -489,7 +497,6 @@ func (g *Service) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
 }
 
-// remove tears down everything of a sandbox, then its record. A running sandbox needs force.
 // removeBecause removes sb (force) on nexus's own initiative: the removing transition carries
 // why on the event stream.
 func (g *Service) removeBecause(ctx context.Context, sb *api.Sandbox, why string) error {
@@ -501,6 +508,7 @@ func (g *Service) removeBecause(ctx context.Context, sb *api.Sandbox, why string
 	return g.remove(ctx, sb, true)
 }
 
+// remove tears down everything of a sandbox, then its record. A running sandbox needs force.
 func (g *Service) remove(ctx context.Context, sb *api.Sandbox, force bool) error {
 	switch sb.State {
 	case api.StateRunning, api.StatePaused, api.StateStarting:

@@ -65,7 +65,8 @@ func (g *Service) stats(ctx context.Context, r api.StatsRequest) ([]api.SandboxS
 		vi := vms[sb.ID]
 		st := api.SandboxStats{Name: sb.Name, ID: sb.ID, State: sb.State, Time: time.Now().UTC(),
 			CPUSeconds: vi.CPUSeconds, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, RSSBytes: vi.RSSBytes,
-			DiskUsedBytes: vi.DiskUsedBytes, DiskSizeBytes: vi.DiskSizeBytes}
+			DiskUsedBytes: vi.DiskUsedBytes, DiskSizeBytes: vi.DiskSizeBytes, Execs: vi.Execs,
+			GuestCPUBusy: vi.GuestCPUBusy, GuestCPUTotal: vi.GuestCPUTotal}
 		if sb.Egress.Mode != "" && sb.Egress.Mode != api.EgressNone {
 			nctx, cancel := context.WithTimeout(ctx, statsWait)
 			if info, err := netapi.NewClient(g.cfg.Bus, sb.Host).Show(nctx, sb.ID); err == nil {

@@ -331,3 +331,25 @@ func TestStatsMoveWithTheGuest(t *testing.T) {
 		t.Errorf("stats table:\n%s", out)
 	}
 }
+
+// A sandbox with --idle-timeout that nothing uses is paused (its guest idle under TCG too), and
+// the next exec resumes it and runs.
+func TestIdleTimeoutPausesAndExecResumes(t *testing.T) {
+	create(t, "idle/box", "--idle-timeout", "15s")
+	testutil.WaitFor(t, 3*time.Minute, func() error {
+		if s := sandbox(t, "idle/box"); s.State != api.StatePaused {
+			st := stack.MustNexus(t, "stats", "idle/box")
+			return fmt.Errorf("%s %q; stats:\n%s", s.State, s.Reason, st)
+		}
+		return nil
+	})
+	if s := sandbox(t, "idle/box"); !strings.Contains(s.Reason, "no activity for 15s") {
+		t.Errorf("paused with reason %q", s.Reason)
+	}
+	if out := stack.MustNexus(t, "exec", "idle/box", "--", "echo", "awake"); out != "awake\n" {
+		t.Fatalf("exec after an idle pause: %q", out)
+	}
+	if s := sandbox(t, "idle/box"); s.State != api.StateRunning {
+		t.Fatalf("after the exec: %s %q", s.State, s.Reason)
+	}
+}

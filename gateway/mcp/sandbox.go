@@ -27,6 +27,7 @@ type createArgs struct {
 	Repos        []string          `json:"repos"`
 	Config       string            `json:"config"`
 	TTL          string            `json:"ttl"`
+	IdleTimeout  string            `json:"idle_timeout"`
 }
 
 // labelPairs validates labels the way `nexus create -l` does, key by key: a key holding '='
@@ -65,7 +66,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
 	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL})
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout})
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

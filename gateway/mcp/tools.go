@@ -53,6 +53,7 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithArray("repos", mcpgo.WithStringItems(), mcpgo.Description("GitHub repositories owner/repo to bind: allows github.com for them, brokers GH_TOKEN, and gates pushes and API writes to them")),
 			mcpgo.WithString("config", mcpgo.Description("project config file (.nexus/config.yaml) on the host; default: .nexus/config.yaml at the git root of this server's working directory, if any")),
 			mcpgo.WithString("ttl", mcpgo.Description("remove the sandbox this long after create, whatever its state: 30m, 2h, 7d (default: never)")),
+			mcpgo.WithString("idle_timeout", mcpgo.Description("pause the sandbox after this long without exec or network activity and under 5% CPU; the next exec resumes it: 10m, 1h (default: never)")),
 		), s.sandboxCreate},
 		{mcpgo.NewTool(ToolSandboxList,
 			mcpgo.WithDescription("List sandboxes with their state, image, agent, egress and labels"),

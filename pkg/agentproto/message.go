@@ -76,6 +76,11 @@ type Pong struct {
 	// BootErrors lists the boot steps that failed ("root: mount ext4 on /newroot: …"); a guest
 	// with any is not usable and the host fails the boot with them.
 	BootErrors []string `json:"boot_errors,omitempty"`
+	// CPUBusy and CPUTotal are the guest kernel's CPU time over all its CPUs, busy (everything
+	// but idle and iowait) and in all, in USER_HZ ticks since boot (/proc/stat): the guest's own
+	// load, whatever its emulation costs the host. Zero from an agent that predates them.
+	CPUBusy  uint64 `json:"cpu_busy,omitempty"`
+	CPUTotal uint64 `json:"cpu_total,omitempty"`
 }
 
 // ConfigureRequest updates the guest; empty fields are left alone.

@@ -57,7 +57,11 @@ func (s *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 		sess.Close()
 		return api.Empty{}, fmt.Errorf("exec: %w", err)
 	}
-	go relayExec(sess, es, timeout)
+	m.execs.Add(1)
+	go func() {
+		defer m.execs.Add(-1)
+		relayExec(sess, es, timeout)
+	}()
 	return api.Empty{}, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -148,6 +149,9 @@ type machine struct {
 	agent    *guest.Client
 	cancel   context.CancelFunc // ends the hybrid-vsock server and the watcher
 	stopping bool               // a stop or remove is under way: exits are expected
+	execs    atomic.Int32       // commands running in the guest (exec.go)
+	// cpuBusy and cpuTotal are the guest's CPU ticks from its last heartbeat (agentproto.Pong).
+	cpuBusy, cpuTotal atomic.Uint64
 }
 
 func (s *Service) get(id string) (*machine, error) {
@@ -180,10 +184,12 @@ loop:
 			break loop
 		case <-t.C:
 			pctx, cancel := context.WithTimeout(ctx, 2*s.cfg.Heartbeat)
-			_, err := m.agent.Ping(pctx)
+			pong, err := m.agent.Ping(pctx)
 			cancel()
 			if err == nil {
 				missed = 0
+				m.cpuBusy.Store(pong.CPUBusy)
+				m.cpuTotal.Store(pong.CPUTotal)
 				continue
 			}
 			if ctx.Err() != nil {
@@ -246,7 +252,8 @@ func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, err
 
 func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
 	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid(), Started: m.vm.Started(), RSSBytes: rss(m.vm.Pid()),
-		CPUSeconds: cpuSeconds(m.vm.Pid())}
+		CPUSeconds: cpuSeconds(m.vm.Pid()), Execs: int(m.execs.Load()),
+		GuestCPUBusy: m.cpuBusy.Load(), GuestCPUTotal: m.cpuTotal.Load()}
 	vi.DiskUsedBytes, vi.DiskSizeBytes = diskUsage(m.vm.Spec().Disk)
 	if paused, err := m.vm.Paused(ctx); err == nil && paused {
 		vi.Paused = true

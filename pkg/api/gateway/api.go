@@ -26,6 +26,9 @@ type CreateRequest struct {
 	// TTL, when set, is how long the sandbox may live: it is removed at CreatedAt+TTL, whatever
 	// its state (ParseTTL: a Go duration or whole days, e.g. 90m, 2h30m, 7d).
 	TTL string `json:"ttl,omitempty"`
+	// IdleTimeout, when set, pauses the sandbox after this long without exec, attach, copy or
+	// network activity while its CPU stays under IdleCPUPercent; the next exec resumes it.
+	IdleTimeout string `json:"idle_timeout,omitempty"`
 	// Limits are egress budgets (--max-conns, --conn-rate, --dns-rate, --egress-bandwidth); zero
 	// fields take the project config's, then the defaults.
 	Limits netapi.Limits `json:"limits,omitzero"`

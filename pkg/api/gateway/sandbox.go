@@ -122,6 +122,9 @@ type Sandbox struct {
 	StartedAt     time.Time         `json:"started_at,omitzero"`
 	// ExpiresAt, when set (--ttl), is when the sandbox is removed.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// IdleTimeout, when set (--idle-timeout, a ParseLifetime value), is how long the sandbox
+	// may go without activity before it is paused (gateway/idle.go).
+	IdleTimeout string `json:"idle_timeout,omitempty"`
 	// Revision is the KV revision this copy was read at; updates are checked against it.
 	Revision uint64 `json:"revision,omitempty"`
 	// Config is the .nexus/config.yaml the sandbox was created with: its egress.policy gates
@@ -394,9 +397,13 @@ func FormatLabels(labels map[string]string) string {
 // MaxTTL bounds --ttl.
 const MaxTTL = 366 * 24 * time.Hour
 
-// ParseTTL reads a lifetime: a Go duration (90s, 45m, 2h30m) or whole days (7d), from 1s to
+// ParseTTL reads a --ttl: a Go duration (90s, 45m, 2h30m) or whole days (7d), from 1s to
 // MaxTTL.
-func ParseTTL(s string) (time.Duration, error) {
+func ParseTTL(s string) (time.Duration, error) { return ParseLifetime("ttl", s) }
+
+// ParseLifetime reads the value of a duration flag such as --ttl or --idle-timeout: a Go
+// duration or whole days, from 1s to MaxTTL.
+func ParseLifetime(flag, s string) (time.Duration, error) {
 	var d time.Duration
 	var err error
 	if days, ok := strings.CutSuffix(s, "d"); ok && days != "" && strings.Trim(days, "0123456789") == "" && len(days) <= 3 {
@@ -407,7 +414,7 @@ func ParseTTL(s string) (time.Duration, error) {
 		d, err = time.ParseDuration(s)
 	}
 	if err != nil || d < time.Second || d > MaxTTL {
-		return 0, errdefs.Invalid("invalid --ttl %q: give a duration from 1s to 366d, such as 30m, 2h or 7d", s)
+		return 0, errdefs.Invalid("invalid --%s %q: give a duration from 1s to 366d, such as 30m, 2h or 7d", flag, s)
 	}
 	return d, nil
 }

@@ -28,6 +28,10 @@ type SandboxStats struct {
 	CPUSeconds float64 `json:"cpu_seconds"`
 	CPUPercent float64 `json:"cpu_percent"`
 	VCPUs      int     `json:"vcpus"`
+	// GuestCPUBusy and GuestCPUTotal are the guest kernel's own CPU ticks (busy, all) at its
+	// last heartbeat; zero from an older guest agent.
+	GuestCPUBusy  uint64 `json:"guest_cpu_busy,omitempty"`
+	GuestCPUTotal uint64 `json:"guest_cpu_total,omitempty"`
 	// MemoryMiB is the guest's memory; RSSBytes what its VM holds of the host's.
 	MemoryMiB int   `json:"memory_mib"`
 	RSSBytes  int64 `json:"rss_bytes"`
@@ -39,6 +43,8 @@ type SandboxStats struct {
 	NetOutBytes uint64 `json:"net_out_bytes"`
 	NetInBytes  uint64 `json:"net_in_bytes"`
 	Connections int    `json:"connections"`
+	// Execs counts the commands running in it now (exec, attach).
+	Execs int `json:"execs"`
 }
 
 // Stats samples the sandboxes r names.

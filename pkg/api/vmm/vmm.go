@@ -114,6 +114,12 @@ type VMInfo struct {
 	RSSBytes int64  `json:"rss_bytes,omitempty"`
 	// CPUSeconds is the host CPU time the VM's process has used (user and system).
 	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
+	// GuestCPUBusy and GuestCPUTotal are the guest kernel's busy and total CPU ticks at its last
+	// heartbeat (zero from an older agent): its own load, apart from what emulating it costs.
+	GuestCPUBusy  uint64 `json:"guest_cpu_busy,omitempty"`
+	GuestCPUTotal uint64 `json:"guest_cpu_total,omitempty"`
+	// Execs counts the commands running in the guest now.
+	Execs int `json:"execs,omitempty"`
 	// DiskUsedBytes is what the root disk's overlay takes on the host; DiskSizeBytes the size
 	// the guest sees.
 	DiskUsedBytes int64     `json:"disk_used_bytes,omitempty"`

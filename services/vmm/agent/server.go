@@ -262,6 +262,7 @@ func (s *Server) replyErr(w io.Writer, err error) {
 }
 
 func (s *Server) pong() *agentproto.Pong {
+	busy, total := cpuTicks()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return &agentproto.Pong{
@@ -273,6 +274,8 @@ func (s *Server) pong() *agentproto.Pong {
 		Vsock:    s.vsock,
 
 		BootErrors: s.cfg.BootErrors,
+		CPUBusy:    busy,
+		CPUTotal:   total,
 	}
 }
 

@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"bufio"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// cpuTicks reads the aggregate "cpu" line of /proc/stat: busy ticks (all but idle and iowait)
+// and all ticks; zeros when it cannot be read.
+func cpuTicks() (busy, total uint64) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return 0, 0
+	}
+	return parseCPULine(sc.Text())
+}
+
+// parseCPULine parses "cpu  user nice system idle iowait irq softirq steal guest guest_nice".
+// guest and guest_nice are already inside user and nice, so they are not added again.
+func parseCPULine(line string) (busy, total uint64) {
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, v := range f[1:] {
+		if i >= 8 { // guest, guest_nice
+			break
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, 0
+		}
+		total += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return busy, total
+}
