@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -64,6 +65,7 @@ func NewRoot() *cobra.Command {
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
 		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(),
+		versionCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)
 	return root
@@ -113,6 +115,7 @@ func StartupError(err error) error { return startupError{err} }
 
 // Execute runs root and returns the process exit code, printing one clear line on failure.
 func Execute(root *cobra.Command) int {
+	strictGroups(root)
 	cmd, err := root.ExecuteC()
 	if err == nil {
 		return 0
@@ -154,4 +157,51 @@ func isCobraUsage(err error) bool {
 func signalCtx(parent context.Context) context.Context {
 	ctx, _ := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 	return ctx
+}
+
+// strictGroups makes every command group (a command with subcommands and nothing to run of its
+// own) refuse an unknown subcommand with exit 2, as the root does, instead of printing its help
+// and exiting 0; a group run alone still prints its help.
+func strictGroups(root *cobra.Command) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		if c == root || !c.HasSubCommands() || c.Runnable() {
+			return
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+			}
+			return cmd.Help()
+		}
+	}
+	walk(root)
+}
+
+// versionInfo is what `nexus version --json` prints.
+type versionInfo struct {
+	Version string `json:"version"`
+	Commit  string `json:"commit"`
+	Go      string `json:"go"`
+	OS      string `json:"os"`
+	Arch    string `json:"arch"`
+}
+
+func versionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of this nexus binary",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v := versionInfo{Version: version.Version, Commit: version.Commit, Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+			if !printedJSON(cmd, v) {
+				fmt.Fprintf(cmd.OutOrStdout(), "nexus %s (commit %s, %s, %s/%s)\n", v.Version, v.Commit, v.Go, v.OS, v.Arch)
+			}
+			return nil
+		},
+	}
 }
