@@ -104,6 +104,17 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		reply(rcode)
 		return
 	}
+	if _, override := n.svc.overrides.byName[name]; !override {
+		for _, ip := range ips {
+			if n.refusedAddr(pol, ip, &ev) {
+				// DNS rebinding: an allowed name may not lead to the host, the LAN or metadata.
+				// The answer is not handed over (nor recorded): the guest gets REFUSED.
+				ev.Reason = "answer " + ev.Reason
+				reply(dns.RcodeRefused)
+				return
+			}
+		}
+	}
 	n.table.record(name, ips, ttl, now)
 	parts := make([]string, 0, len(ips))
 	for _, ip := range ips {

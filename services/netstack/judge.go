@@ -47,15 +47,17 @@ func (n *network) judgeTCP(dst netip.Addr, port int, names []string) verdict {
 	case mode == netstackapi.ModeNone:
 		v.ev.Reason = "egress mode none: nothing leaves the sandbox"
 		return v
-	case dst == gatewayAddr || !dst.Is4() || dst.IsLoopback() || dst.IsUnspecified() || dst.IsMulticast():
-		v.ev.Reason = "destination is not routable from the sandbox"
-		if dst == gatewayAddr {
-			v.ev.Reason = "the gateway serves only dns on port 53"
-		}
+	case dst == gatewayAddr:
+		v.ev.Reason = "the gateway serves only dns on port 53"
 		return v
 	case port == 53:
 		v.ev.Layer = audit.LayerDNS
 		v.ev.Reason = "dns goes only to the gateway resolver " + GatewayIP
+		return v
+	case n.refusedAddr(pol, dst, &v.ev):
+		return v
+	case !dst.Is4() || dst.IsLoopback() || dst.IsUnspecified() || dst.IsMulticast():
+		v.ev.Reason = "destination is not routable from the sandbox"
 		return v
 	case mode == netstackapi.ModeAllowAll:
 		v.ev.Decision, v.ev.Rule = audit.Allow, ruleAllowAll
@@ -103,6 +105,7 @@ func (n *network) judgeUDP(dst netip.Addr, port int, names []string) verdict {
 		v.ev.Reason = "dns goes only to the gateway resolver " + GatewayIP
 	case dst == gatewayAddr:
 		v.ev.Reason = "the gateway serves only dns on port 53"
+	case mode == netstackapi.ModeAllowAll && n.refusedAddr(pol, dst, &v.ev):
 	case mode == netstackapi.ModeAllowAll && dst.Is4() && !dst.IsLoopback() && !dst.IsMulticast() && !dst.IsUnspecified() && dst != netip.AddrFrom4([4]byte{255, 255, 255, 255}):
 		v.ev.Decision, v.ev.Rule = audit.Allow, ruleAllowAll
 		v.ev.Reason = "egress mode allow-all until " + pol.AllowAllUntil.UTC().Format(time.RFC3339)

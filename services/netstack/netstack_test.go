@@ -109,8 +109,12 @@ func startUpstreams(t testing.TB) *upstreams {
 	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
-		if len(r.Question) == 1 && strings.EqualFold(r.Question[0].Name, "cdn.test.") && r.Question[0].Qtype == dns.TypeA {
-			for _, ip := range cdnIPs {
+		if len(r.Question) == 1 && r.Question[0].Qtype == dns.TypeA && (strings.EqualFold(r.Question[0].Name, "cdn.test.") || privateAnswers[strings.ToLower(r.Question[0].Name)] != nil) {
+			ips := cdnIPs
+			if a := privateAnswers[strings.ToLower(r.Question[0].Name)]; a != nil {
+				ips = a
+			}
+			for _, ip := range ips {
 				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: ip.AsSlice()})
 			}
 		} else {
@@ -150,7 +154,7 @@ type connectServer struct {
 	seen    []connectSeen
 }
 
-type connectSeen struct{ target, auth string }
+type connectSeen struct{ target, auth, dial string }
 
 func startConnectServer(t testing.TB, targets map[string]string) *connectServer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -179,7 +183,7 @@ func (c *connectServer) serve(conn net.Conn) {
 		return
 	}
 	c.mu.Lock()
-	c.seen = append(c.seen, connectSeen{target: req.Host, auth: req.Header.Get("Proxy-Authorization")})
+	c.seen = append(c.seen, connectSeen{target: req.Host, auth: req.Header.Get("Proxy-Authorization"), dial: req.Header.Get("Nexus-Dial-Addr")})
 	c.mu.Unlock()
 	dst, ok := c.targets[req.Host]
 	if !ok {

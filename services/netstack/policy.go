@@ -5,6 +5,7 @@ import (
 
 	netstackapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/netaddr"
 	"github.com/IniZio/nexus/pkg/policy"
 )
 
@@ -30,6 +31,11 @@ func normalizePolicy(p Policy, now time.Time) (Policy, *policy.Allowlist, error)
 	}
 	p.Allow = allow.Rules()
 	p.Repos = append([]string(nil), p.Repos...)
+	private, err := netaddr.ParseAllowPrivate(p.AllowPrivate)
+	if err != nil {
+		return Policy{}, nil, errdefs.Invalid("%v", err)
+	}
+	p.AllowPrivate = netaddr.FormatPrefixes(private)
 	return p, allow, nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/audit"
 )
 
@@ -52,7 +53,7 @@ func (n *network) serveShim(r *tcp.ForwarderRequest, v verdict, f *flow) {
 
 	var up net.Conn
 	if n.svc.cfg.MITMAddr != "" || n.svc.cfg.MITMAddrFunc != nil {
-		up, err = n.connectMITM(name, port)
+		up, err = n.connectMITM(name, port, v.target)
 		v.ev.Reason += "; via mitm"
 	} else {
 		ctx, cancel := context.WithTimeout(n.ctx, n.svc.cfg.DialTimeout)
@@ -120,8 +121,9 @@ func (n *network) peekName(g *guestConn, port int) ([]byte, string, error) {
 }
 
 // connectMITM opens CONNECT name:port to mitm with the sandbox's identity and waits for 200.
-// Errors never contain the token.
-func (n *network) connectMITM(name string, port int) (net.Conn, error) {
+// The CONNECT carries dial, the address this connection was judged for: the mitm dials it and
+// never resolves name again. Errors never contain the token.
+func (n *network) connectMITM(name string, port int, dial string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(n.ctx, n.svc.cfg.DialTimeout)
 	defer cancel()
 	addr := n.svc.cfg.MITMAddr
@@ -140,7 +142,8 @@ func (n *network) connectMITM(name string, port int) (net.Conn, error) {
 	_ = c.SetDeadline(deadline)
 	target := net.JoinHostPort(name, strconv.Itoa(port))
 	auth := base64.StdEncoding.EncodeToString([]byte(n.id + ":" + n.token))
-	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\nProxy-Authorization: Basic " + auth + "\r\n\r\n"
+	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\nProxy-Authorization: Basic " + auth +
+		"\r\n" + mitmapi.DialAddrHeader + ": " + dial + "\r\n\r\n"
 	if _, err := c.Write([]byte(req)); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("mitm: write connect: %s", dialErrText(err))

@@ -44,7 +44,15 @@ type SandboxPolicy struct {
 	// Requests is the request policy (bound repos, .nexus/config.yaml egress.policy, allowed
 	// branches) the mitm applies to every request on top of the host allowlist; nil gates nothing.
 	Requests *httppolicy.Policy `json:"requests,omitempty"`
+	// AllowPrivate are the non-public CIDRs the sandbox may reach (--allow-private): the mitm's
+	// dialer refuses every other such address (pkg/netaddr), a second line behind the netstack.
+	AllowPrivate []string `json:"allow_private,omitempty"`
 }
+
+// DialAddrHeader, on the netstack's CONNECT (whose Proxy-Authorization binds it to the
+// sandbox), carries the ip:port the netstack judged for the connection. The mitm dials exactly
+// that address and never resolves the CONNECT host again.
+const DialAddrHeader = "Nexus-Dial-Addr"
 
 // CredentialBinding says that the placeholder whose hash is PlaceholderHash is swapped for a real
 // credential on Hosts and nowhere else.

@@ -66,6 +66,10 @@ type Policy struct {
 	Allow         []policy.Rule `json:"allow,omitempty"`
 	// Repos is opaque to netstack (owner/repo bindings for gitrelay and mitm); kept and shown.
 	Repos []string `json:"repos,omitempty"`
+	// AllowPrivate are the CIDRs of non-public addresses (RFC 1918, CGNAT, link-local, ...) the
+	// sandbox may reach (--allow-private); every other such address is refused in every mode,
+	// as a DNS answer and as a destination (pkg/netaddr).
+	AllowPrivate []string `json:"allow_private,omitempty"`
 }
 
 // Spec creates one sandbox network (CreateRequest on the bus).
