@@ -123,8 +123,8 @@ func NewGuard(allow []netip.Prefix, host *HostAddrs) *Guard {
 	return &Guard{allow: allow, host: host}
 }
 
-// Check returns nil for an address a sandbox may reach, else an error wrapping ErrPrivate whose
-// text says what the address is and how to allow it.
+// Check returns nil for an address a sandbox may reach, else a *PrivateError whose text says
+// what the address is and how to allow it.
 func (g *Guard) Check(a netip.Addr) error {
 	a = a.WithZone("")
 	if a.Is4In6() {
@@ -142,8 +142,20 @@ func (g *Guard) Check(a netip.Addr) error {
 	if what == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: %s is %s: refused (reach it only with --allow-private CIDR)", ErrPrivate, a, what)
+	return &PrivateError{Addr: a, What: what}
 }
+
+// PrivateError is a refusal by address; errors.Is(err, ErrPrivate) holds.
+type PrivateError struct {
+	Addr netip.Addr
+	What string // the range: "private (RFC 1918)", "an address of this host", ...
+}
+
+func (e *PrivateError) Error() string {
+	return fmt.Sprintf("%s is %s: refused (reach it only with --allow-private CIDR)", e.Addr, e.What)
+}
+
+func (e *PrivateError) Is(target error) bool { return target == ErrPrivate }
 
 // ParseAllowPrivate parses --allow-private values: CIDRs (or single addresses) that lie within
 // non-public space. A prefix that reaches public addresses (say 0.0.0.0/0, 8.8.8.0/24) is

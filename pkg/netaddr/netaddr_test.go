@@ -119,7 +119,7 @@ func TestGuard(t *testing.T) {
 		}
 	}
 	if err := NewGuard(nil, StaticHostAddrs()).Check(netip.MustParseAddr("10.0.0.1")); err == nil ||
-		err.Error() != "private address: 10.0.0.1 is private (RFC 1918): refused (reach it only with --allow-private CIDR)" {
+		err.Error() != "10.0.0.1 is private (RFC 1918): refused (reach it only with --allow-private CIDR)" {
 		t.Errorf("Check(10.0.0.1) = %v", err)
 	}
 }
