@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +58,30 @@ func TestCanaryRecordsWhatArrives(t *testing.T) {
 	c.Close()
 	if err := ipCmd("netns", "exec", name, "true"); err == nil {
 		t.Errorf("namespace %s still there after Close", name)
+	}
+}
+
+func TestListeners(t *testing.T) {
+	lo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lo.Close()
+	all, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer all.Close()
+	ls, err := Listeners(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawLo, sawAll bool
+	for _, l := range ls {
+		sawLo = sawLo || l.Addr.String() == lo.Addr().String()
+		sawAll = sawAll || (l.Addr.Addr().IsUnspecified() && int(l.Addr.Port()) == all.Addr().(*net.TCPAddr).Port)
+	}
+	if !sawLo || !sawAll {
+		t.Fatalf("Listeners = %v: want %s and [::]:%d", ls, lo.Addr(), all.Addr().(*net.TCPAddr).Port)
 	}
 }
