@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/netaddr"
 	"github.com/IniZio/nexus/services/mitm/internal/http1"
 )
 
@@ -22,6 +23,10 @@ func (p *Proxy) forward(t *tunnel, rs *reqState) bool {
 	if err := p.exchange(p.ctx, rs, resp); err != nil {
 		if pe := (*placeholderError)(nil); errors.As(err, &pe) {
 			t.refuse(rs, placeholderVerdict(pe.rule, rs.sess.host))
+			return false
+		}
+		if errors.Is(err, netaddr.ErrPrivate) {
+			t.refuse(rs, &verdict{status: http.StatusForbidden, rule: netaddr.Rule, reason: "nexus: refused: upstream " + rs.sess.host + ": " + err.Error()})
 			return false
 		}
 		p.upstreamFailed(t, rs, err)

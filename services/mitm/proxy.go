@@ -46,6 +46,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
 
+	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/services/mitm/internal/http1"
@@ -252,11 +253,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // session is one CONNECT tunnel.
 type session struct {
-	sb     *Sandbox
-	host   string // normalized CONNECT host
-	port   string
-	addr   string // host:port dialled upstream, whatever a request's Host says
-	scheme string // "https" when the guest spoke TLS in the tunnel, else "http": see upstreamTLS
+	sb   *Sandbox
+	host string // normalized CONNECT host
+	port string
+	addr string // ip:port dialled upstream (the netstack's judged address), whatever a request's Host says
+	// override: addr is a resolver override's for host (--resolve), exempt from the address rule.
+	override bool
+	scheme   string // "https" when the guest spoke TLS in the tunnel, else "http": see upstreamTLS
 	// up is the tunnel's connection to its host: used by one request at a time (the inner server
 	// serves a tunnel's requests in order), closed from elsewhere only through dropUpstream.
 	up      atomic.Pointer[upstreamConn]
@@ -316,7 +319,14 @@ func (p *Proxy) onConnect(target string, ctx *goproxy.ProxyCtx) (*goproxy.Connec
 		ctx.Resp = textResponse(r, http.StatusBadRequest, "nexus: refused: bad CONNECT target")
 		return p.rejectAction, target
 	}
-	ctx.UserData = &session{sb: sb, host: host, port: port, addr: net.JoinHostPort(host, port), allowed: sb.Allowed.Match(host)}
+	addr, override, err := p.dialer.target(r.Header.Get(mitmapi.DialAddrHeader), host, port)
+	if err != nil {
+		p.emit(audit.Event{Sandbox: sb.ID, Layer: audit.LayerHTTP, Host: host, Method: http.MethodConnect,
+			Status: http.StatusBadRequest, Decision: audit.Deny, Rule: RuleBadTarget, Reason: err.Error()})
+		ctx.Resp = textResponse(r, http.StatusBadRequest, "nexus: refused: "+err.Error())
+		return p.rejectAction, target
+	}
+	ctx.UserData = &session{sb: sb, host: host, port: port, addr: addr, override: override, allowed: sb.Allowed.Match(host)}
 	return p.tunnelAction, target
 }
 

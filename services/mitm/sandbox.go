@@ -15,6 +15,7 @@ import (
 
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/netaddr"
 )
 
 // Sandboxes identifies the sandbox behind a CONNECT. Lookup returns errdefs.ErrNotFound for an
@@ -74,6 +75,8 @@ type Sandbox struct {
 	credHeader  map[[32]byte]string
 	credHeaders []string
 	Policy      HTTPPolicy
+	// guard is the destination address rule with the sandbox's --allow-private CIDRs.
+	guard *netaddr.Guard
 
 	// released caches credentials resolved for this sandbox, so a burst of requests costs one
 	// resolve. It lives and dies with this registration.
@@ -103,7 +106,11 @@ func NewSandbox(p mitmapi.SandboxPolicy, policy HTTPPolicy) (*Sandbox, error) {
 	if err != nil {
 		return nil, errdefs.Invalid("mitm: sandbox %s: %v", p.ID, err)
 	}
-	sb := &Sandbox{ID: p.ID, Name: p.Name, TokenHash: tok, Allowed: allowed, creds: map[[32]byte]HostSet{}, Policy: policy}
+	private, err := netaddr.ParseAllowPrivate(p.AllowPrivate)
+	if err != nil {
+		return nil, errdefs.Invalid("mitm: sandbox %s: %v", p.ID, err)
+	}
+	sb := &Sandbox{ID: p.ID, Name: p.Name, TokenHash: tok, Allowed: allowed, creds: map[[32]byte]HostSet{}, Policy: policy, guard: netaddr.NewGuard(private, nil)}
 	for _, c := range p.Credentials {
 		h, err := decodeHash(c.PlaceholderHash)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,17 +101,26 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // listen binds the configured address, or the one used before (so a restarted mitm is found
-// where the netstack expects it), or a free port; and records it.
+// where the netstack expects it), or a free port; and records it. It listens on loopback only:
+// the netstack of the same host is its one client. (A fresh home has no address file: an
+// earlier build then listened on ":0", every interface, besides the loopback port it used.)
 func (s *Service) listen() (net.Listener, error) {
 	addrFile := filepath.Join(s.cfg.Home.Run(), mitmapi.AddrFile)
 	addr := s.cfg.Addr
+	if addr != "" && !loopbackAddr(addr) {
+		return nil, errdefs.Invalid("mitm: cannot listen on %s: the mitm listens on 127.0.0.1 only", addr)
+	}
 	if addr == "" {
-		if b, err := os.ReadFile(addrFile); err == nil {
+		if b, err := os.ReadFile(addrFile); err == nil && loopbackAddr(strings.TrimSpace(string(b))) {
 			addr = strings.TrimSpace(string(b))
 		}
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil || addr == "" {
+	var ln net.Listener
+	var err error
+	if addr != "" {
+		ln, err = net.Listen("tcp", addr)
+	}
+	if ln == nil {
 		if s.cfg.Addr != "" {
 			return nil, errdefs.Unavailable("mitm: cannot listen on %s: %v", s.cfg.Addr, err)
 		}
@@ -195,4 +205,10 @@ func (s *Service) resolve(ctx context.Context, sandboxID, host, placeholder stri
 		return "", fmt.Errorf("credbroker: %w", err)
 	}
 	return resp.Value, nil
+}
+
+// loopbackAddr reports whether addr is ip:port with a loopback ip.
+func loopbackAddr(addr string) bool {
+	ap, err := netip.ParseAddrPort(addr)
+	return err == nil && ap.Addr().IsLoopback()
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -60,17 +61,50 @@ func newUpstreamDialer(cfg proxyConfig) (*upstreamDialer, error) {
 	}, nil
 }
 
+// target is the address a tunnel to host:port dials: the one the netstack judged for the
+// guest's connection (judged, from DialAddrHeader, an ip:port), else a resolver override's
+// (a test aid: host:port, host, then "*"). The name is never resolved again here: a CONNECT
+// with neither is refused. override reports that the address is the override's for this host
+// (--resolve host=addr, the explicit allowance of exactly that host and address).
+func (d *upstreamDialer) target(judged, host, port string) (addr string, override bool, err error) {
+	ov, hasOv := d.overrides[net.JoinHostPort(host, port)]
+	if !hasOv {
+		ov, hasOv = d.overrides[host]
+	}
+	if !hasOv {
+		ov, hasOv = d.overrides["*"]
+	}
+	if judged == "" {
+		if !hasOv {
+			return "", false, errors.New("CONNECT without the address the netstack judged for it")
+		}
+		return ov, true, nil
+	}
+	ap, err := netip.ParseAddrPort(judged)
+	if err != nil || len(judged) > 64 || ap.Addr().Zone() != "" {
+		return "", false, errors.New("CONNECT with a judged address that is not ip:port")
+	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if hasOv {
+		if oa, err := netip.ParseAddrPort(ov); err == nil && oa.Addr().Unmap() == ap.Addr() {
+			override = true
+		}
+	}
+	return ap.String(), override, nil
+}
+
 // dial opens the tunnel's upstream connection: TCP to its address, then TLS naming its host when
-// the guest spoke TLS.
+// the guest spoke TLS. The address rule is applied again here, a second line behind the
+// netstack: a refused address is a *netaddr.PrivateError and nothing is dialled.
 func (d *upstreamDialer) dial(ctx context.Context, sess *session) (*upstreamConn, error) {
 	addr := sess.addr
-	if len(d.overrides) > 0 {
-		if v, ok := d.overrides[addr]; ok {
-			addr = v
-		} else if v, ok := d.overrides[sess.host]; ok {
-			addr = v
-		} else if v, ok := d.overrides["*"]; ok {
-			addr = v
+	if !sess.override {
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("mitm: dial %s: not ip:port", addr)
+		}
+		if err := sess.sb.guard.Check(ap.Addr()); err != nil {
+			return nil, err
 		}
 	}
 	c, err := d.dialer.DialContext(ctx, "tcp", addr)
