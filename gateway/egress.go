@@ -11,6 +11,7 @@ import (
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/netaddr"
 	"github.com/IniZio/nexus/pkg/policy"
 	"github.com/IniZio/nexus/pkg/profile"
 )
@@ -130,12 +131,14 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 		allow = append(allow, hosts...)
 		p.secrets = append(p.secrets, api.SecretBinding{Name: name, Hosts: hosts, Kind: kindOf(name), Env: envOf(name), Header: header})
 	}
+	private := r.AllowPrivate
 	if c := r.Config; c != nil {
 		// .nexus/config.yaml: its open, policy-gated and secret hosts join the allowlist (the
 		// mitm's request policy then gates the policy hosts), its secrets are brokered.
 		if err := c.Validate(); err != nil {
 			return nil, err
 		}
+		private = append(slices.Clone(private), c.Egress.AllowPrivate...)
 		p.config = c
 		allow = append(allow, c.Hosts()...)
 		for _, s := range c.Egress.Secrets {
@@ -160,6 +163,11 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 			}
 		}
 	}
+	prefixes, err := netaddr.ParseAllowPrivate(private)
+	if err != nil {
+		return nil, errdefs.Invalid("%v", err)
+	}
+	p.egress.AllowPrivate = dedupe(netaddr.FormatPrefixes(prefixes))
 	rules, err := policy.ParseRules(dedupe(allow))
 	if err != nil {
 		return nil, errdefs.Invalid("invalid allowlist: %v", err)

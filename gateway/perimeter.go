@@ -59,7 +59,8 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 			}
 			creds = minted.Credentials
 		}
-		pol := mitmapi.SandboxPolicy{ID: sb.ID, Name: sb.Name, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds}
+		pol := mitmapi.SandboxPolicy{ID: sb.ID, Name: sb.Name, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds,
+			AllowPrivate: plan.egress.AllowPrivate}
 		if req := requestPolicy(sb); !req.Empty() {
 			pol.Requests = &req
 		}
@@ -78,7 +79,8 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
 	spec := netapi.Spec{
 		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true, Limits: plan.egress.Limits,
-		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos},
+		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos,
+			AllowPrivate: plan.egress.AllowPrivate},
 	}
 	if _, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec); err != nil {
 		return nil, err

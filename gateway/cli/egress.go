@@ -246,6 +246,9 @@ func egressCommand() *cobra.Command {
 			if len(v.Egress.Repos) > 0 {
 				fmt.Fprintf(w, "repos:    %s\n", strings.Join(v.Egress.Repos, " "))
 			}
+			if len(v.Egress.AllowPrivate) > 0 {
+				fmt.Fprintf(w, "private:  %s (other private addresses are refused)\n", strings.Join(v.Egress.AllowPrivate, " "))
+			}
 			if len(v.Secrets) > 0 {
 				fmt.Fprintf(w, "secrets:  %s (placeholders in the guest; swapped by the mitm)\n", strings.Join(v.Secrets, " "))
 			}

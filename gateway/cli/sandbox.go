@@ -100,6 +100,7 @@ func createCommand() *cobra.Command {
 	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
 	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
 	f.StringArrayVar(&r.AllowHosts, "allow-host", nil, "allow HOST[:PORT] (repeatable; a bare host means 443 and 80)")
+	f.StringArrayVar(&r.AllowPrivate, "allow-private", nil, "let allowed names reach this private network CIDR (RFC 1918, CGNAT, link-local, ULA; repeatable); other private addresses are refused")
 	f.StringArrayVar(&r.Repos, "repo", nil, "bind a GitHub repo owner/repo (repeatable)")
 	f.StringArrayVar(&r.Secrets, "secret", nil, "broker secret NAME@host[,host][:header=NAME], within the hosts it was stored for (repeatable)")
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")

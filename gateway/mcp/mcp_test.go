@@ -45,7 +45,7 @@ func TestToolsList(t *testing.T) {
 		got[tool.Name] = raw.InputSchema
 	}
 	want := map[string]struct{ required, optional []string }{
-		"sandbox_create":           {[]string{"name"}, []string{"project", "remove_on_exit", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "secrets", "labels", "repos", "config", "ttl", "idle_timeout"}},
+		"sandbox_create":           {[]string{"name"}, []string{"project", "remove_on_exit", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "allow_private", "secrets", "labels", "repos", "config", "ttl", "idle_timeout"}},
 		"sandbox_list":             {nil, []string{"all", "selector"}},
 		"sandbox_get":              {[]string{"name"}, nil},
 		"sandbox_start":            {[]string{"name"}, nil},

@@ -22,6 +22,7 @@ type createArgs struct {
 	Agent        string            `json:"agent"`
 	Egress       string            `json:"egress"`
 	AllowedHosts []string          `json:"allowed_hosts"`
+	AllowPrivate []string          `json:"allow_private"`
 	Secrets      []string          `json:"secrets"`
 	Labels       map[string]string `json:"labels"`
 	Repos        []string          `json:"repos"`
@@ -66,7 +67,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
 	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout})
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout})
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

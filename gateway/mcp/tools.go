@@ -48,6 +48,7 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithString("agent", mcpgo.Description("agent profile (default claude-code); an unknown name is refused")),
 			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated, allow-all[=DURATION] or none")),
 			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("hosts the sandbox may reach: host[:port]; a bare host means 443 and 80")),
+			mcpgo.WithArray("allow_private", mcpgo.WithStringItems(), mcpgo.Description("private network CIDRs (RFC 1918, CGNAT, link-local, ULA) allowed names may lead to, e.g. 10.20.0.0/16; every other private, loopback or metadata address is refused")),
 			mcpgo.WithArray("secrets", mcpgo.WithStringItems(), mcpgo.Description("named secrets from `nexus secret set` to broker: NAME@host[,host][:header=NAME]; only to hosts the secret was stored for (`nexus secret set NAME --host`)")),
 			mcpgo.WithObject("labels", mcpgo.Description("labels key=value for selection"), mcpgo.AdditionalProperties(map[string]any{"type": "string"})),
 			mcpgo.WithArray("repos", mcpgo.WithStringItems(), mcpgo.Description("GitHub repositories owner/repo to bind: allows github.com for them, brokers GH_TOKEN, and gates pushes and API writes to them")),

@@ -1,7 +1,8 @@
 // Package config loads a project's .nexus/config.yaml (DESIGN §6): the egress hosts a sandbox
 // working on the project may reach openly (egress.allow), the hosts it may reach only through a
 // request policy (egress.policy: repos for GitHub hosts, "METHOD /glob" paths rules for any
-// host, default-deny), and the secrets brokered to it (egress.secrets).
+// host, default-deny), the secrets brokered to it (egress.secrets), and the private networks
+// its allowed names may lead to (egress.allow_private, as --allow-private).
 //
 //	version: 1
 //	egress:
@@ -17,6 +18,8 @@
 //	    - name: EXAMPLE_TOKEN
 //	      hosts: [api.example.com]
 //	      env: EXAMPLE_TOKEN
+//	  allow_private:
+//	    - 10.20.0.0/16
 //
 // The file is parsed through yaml.Node so every error names file:line. A host may be open or
 // policy-gated, never both: that conflict is refused with the seed's exact message.
@@ -39,6 +42,7 @@ import (
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/httppolicy"
+	"github.com/IniZio/nexus/pkg/netaddr"
 	"github.com/IniZio/nexus/pkg/policy"
 )
 
@@ -70,6 +74,9 @@ type Egress struct {
 	Secrets []Secret `json:"secrets,omitempty"`
 	// Limits lower the sandbox's egress budgets (limits.go).
 	Limits netapi.Limits `json:"limits,omitzero"`
+	// AllowPrivate are CIDRs of non-public addresses (RFC 1918, CGNAT, link-local, ULA) that
+	// allowed names may resolve to, as --allow-private; every other such address is refused.
+	AllowPrivate []string `json:"allow_private,omitempty"`
 }
 
 // Secret binds a named secret (`nexus secret set NAME`) to hosts, optionally under an extra
@@ -259,6 +266,19 @@ func (p *parser) egress(n *yaml.Node, e *Egress) error {
 			return p.sequence(v, "egress.secrets", func(item *yaml.Node) error { return p.secret(item, e) })
 		},
 		"limits": func(_, v *yaml.Node) error { return p.limits(v, &e.Limits) },
+		"allow_private": func(_, v *yaml.Node) error {
+			return p.sequence(v, "egress.allow_private", func(item *yaml.Node) error {
+				s, err := p.scalar(item, "egress.allow_private entry")
+				if err != nil {
+					return err
+				}
+				if _, err := netaddr.ParseAllowPrivate([]string{s}); err != nil {
+					return p.errf(item, "egress.allow_private: %v", err)
+				}
+				e.AllowPrivate = append(e.AllowPrivate, s)
+				return nil
+			})
+		},
 	})
 }
 
@@ -529,6 +549,9 @@ func (c *Config) Validate() error {
 		if err := checkAllow(a); err != nil {
 			return errdefs.Invalid("nexus config: egress.allow: %v", err)
 		}
+	}
+	if _, err := netaddr.ParseAllowPrivate(c.Egress.AllowPrivate); err != nil {
+		return errdefs.Invalid("nexus config: egress.allow_private: %v", err)
 	}
 	seen := map[string]bool{}
 	for i, h := range c.Egress.Policy {

@@ -115,7 +115,7 @@ func TestParseErrors(t *testing.T) {
 		{"no version", "egress:\n  allow: [a.com]\n", "nexus config: c.yaml:1: version: missing"},
 		{"version 2", "version: 2\n", `nexus config: c.yaml:1: version: "2" is not supported`},
 		{"unknown top key", "version: 1\negres:\n  allow: []\n", `nexus config: c.yaml:2: unknown key "egres" in the top level (known: egress, version)`},
-		{"unknown egress key", "version: 1\negress:\n  allow: []\n  deny: [x.com]\n", `nexus config: c.yaml:4: unknown key "deny" in egress (known: allow, limits, policy, secrets)`},
+		{"unknown egress key", "version: 1\negress:\n  allow: []\n  deny: [x.com]\n", `nexus config: c.yaml:4: unknown key "deny" in egress (known: allow, allow_private, limits, policy, secrets)`},
 		{"unknown policy key", "version: 1\negress:\n  policy:\n    a.com:\n      path: [GET /]\n", `nexus config: c.yaml:5: unknown key "path" in egress.policy.a.com (known: paths, repos)`},
 		{"unknown secret key", "version: 1\negress:\n  secrets:\n    - name: X\n      host: [a.com]\n", `nexus config: c.yaml:5: unknown key "host"`},
 		{"bad allow host", "version: 1\negress:\n  allow:\n    - ok.com\n    - bad_host!.com\n", "nexus config: c.yaml:5: egress.allow: "},

@@ -17,6 +17,7 @@ type CreateRequest struct {
 	Agent         string            `json:"agent,omitempty"`
 	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	AllowHosts    []string          `json:"allow_hosts,omitempty"`
+	AllowPrivate  []string          `json:"allow_private,omitempty"` // CIDRs of private addresses allowed names may lead to
 	Repos         []string          `json:"repos,omitempty"`
 	Secrets       []string          `json:"secrets,omitempty"`     // NAME@host[,host][:header=NAME]
 	Mounts        []string          `json:"mounts,omitempty"`      // host:guest[:ro]

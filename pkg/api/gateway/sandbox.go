@@ -73,6 +73,9 @@ type Egress struct {
 	// Limits are the egress budgets asked for (flags over egress.limits); zero fields are the
 	// netstack's defaults.
 	Limits netapi.Limits `json:"limits,omitzero"`
+	// AllowPrivate are the CIDRs of non-public addresses the sandbox may reach (--allow-private
+	// and the config's egress.allow_private); every other one is refused (private_address).
+	AllowPrivate []string `json:"allow_private,omitempty"`
 }
 
 // SecretBinding binds a named secret to the hosts it may be swapped for.
