@@ -82,7 +82,11 @@ func setup(f *testutil.Fixture) error {
 		return err
 	}
 	f.Cleanup(udpSeen.close)
-	f.Flags("--resolve="+strings.Join(resolve, ","), "--extra-ca="+caFile)
+	dnsAddr, err := startFakeDNS(f)
+	if err != nil {
+		return err
+	}
+	f.Flags("--resolve="+strings.Join(resolve, ","), "--extra-ca="+caFile, "--upstream-dns="+dnsAddr)
 	return nil
 }
 
