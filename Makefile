@@ -25,7 +25,7 @@ IS_VM_PKG = $$1 ~ "^$(MODULE)/($(subst $(empty) $(empty),|,$(VM_DIRS)))(/|$$)" |
 VM_PKGS = $$($(LIST_TEST_IMPORTS) | awk '$(IS_VM_PKG) {print $$1}')
 UNIT_PKGS = $$($(LIST_TEST_IMPORTS) | awk '!($(IS_VM_PKG)) {print $$1}')
 
-.PHONY: all build deps apt run test test-unit test-vm list-test-pkgs bench clean
+.PHONY: all build build-e2e deps apt run test test-unit test-vm list-test-pkgs bench clean
 
 all: build
 
@@ -45,10 +45,17 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/nexus-agent ./services/vmm/agent/cmd/nexus-agent
 	$(GO) build -o $(BIN)/nexus .
 
+# build-e2e builds the crash tests' nexus into $(BIN)/failpoints: the same binary with the
+# failpoints of pkg/failpoint armed (build tag nexus_failpoints). `make build` never sets it.
+build-e2e: build
+	@mkdir -p $(BIN)/failpoints
+	cp $(BIN)/nexus-agent $(BIN)/failpoints/nexus-agent
+	$(GO) build -tags nexus_failpoints -o $(BIN)/failpoints/nexus .
+
 run: deps build
 	./scripts/demo.sh
 
-test: deps build test-unit test-vm
+test: deps build build-e2e test-unit test-vm
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(UNIT_PKGS)

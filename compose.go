@@ -21,6 +21,7 @@ import (
 	"github.com/IniZio/nexus/gateway"
 	"github.com/IniZio/nexus/gateway/cli"
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/failpoint"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/settings"
@@ -120,6 +121,7 @@ func stackGlobals(cmd *cobra.Command) (*cli.Global, error) {
 	if _, err := gitrelayHosts(g.Settings); err != nil {
 		return nil, err
 	}
+	failpoint.Arm(g.Home)
 	return g, nil
 }
 

@@ -63,6 +63,56 @@ func Binaries() (string, error) {
 	return buildOnce.dir, buildOnce.err
 }
 
+var failpointOnce struct {
+	sync.Once
+	dir string
+	err error
+}
+
+// FailpointBinaries returns a directory holding the crash tests' nexus (built with the tag
+// nexus_failpoints, see pkg/failpoint) and nexus-agent: $NEXUS_BIN_DIR/failpoints when make
+// build-e2e made it, otherwise built once per test process.
+func FailpointBinaries() (string, error) {
+	if d := os.Getenv("NEXUS_BIN_DIR"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "failpoints", "nexus")); err == nil {
+			return filepath.Join(d, "failpoints"), nil
+		}
+	}
+	failpointOnce.Do(func() {
+		plain, err := Binaries()
+		if err != nil {
+			failpointOnce.err = err
+			return
+		}
+		root, err := moduleRoot()
+		if err != nil {
+			failpointOnce.err = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "nexus-failpoints-")
+		if err != nil {
+			failpointOnce.err = err
+			return
+		}
+		agent, err := os.ReadFile(filepath.Join(plain, "nexus-agent"))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "nexus-agent"), agent, 0o755)
+		}
+		if err != nil {
+			failpointOnce.err = err
+			return
+		}
+		main := exec.Command("go", "build", "-tags", "nexus_failpoints", "-o", filepath.Join(dir, "nexus"), ".")
+		main.Dir = root
+		if out, err := main.CombinedOutput(); err != nil {
+			failpointOnce.err = fmt.Errorf("build nexus with failpoints: %v: %s", err, out)
+			return
+		}
+		failpointOnce.dir = dir
+	})
+	return failpointOnce.dir, failpointOnce.err
+}
+
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -213,6 +263,9 @@ func (s *Stack) Shutdown() error {
 	}
 }
 
+// Exited is closed when `nexus up` has exited (a failpoint killed it, say).
+func (s *Stack) Exited() <-chan struct{} { return s.done }
+
 // Restart starts `nexus up` again on the same home.
 func (s *Stack) Restart() error { return s.start() }
 
@@ -343,9 +396,15 @@ func (f *Fixture) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
 type Option func(*suite)
 
 type suite struct {
-	setup   []func(*Fixture) error
-	started []func(*Stack) error
-	checks  []func(*Stack) error
+	failpoints bool
+	setup      []func(*Fixture) error
+	started    []func(*Stack) error
+	checks     []func(*Stack) error
+}
+
+// Failpoints runs the stack from the crash tests' build (FailpointBinaries).
+func Failpoints() Option {
+	return func(s *suite) { s.failpoints = true }
 }
 
 // Setup runs f before the stack starts (in order with other Setups); a failure ends the run.
@@ -403,7 +462,15 @@ func (cfg *suite) run(m *testing.M, s **Stack) int {
 			return 1
 		}
 	}
-	st, err := StartStack(append(f.env, f.flags...)...)
+	bins, err := Binaries()
+	if cfg.failpoints {
+		bins, err = FailpointBinaries()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	st, err := StartStackOf(bins, append(f.env, f.flags...)...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
