@@ -12,7 +12,9 @@ import (
 
 	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/failpoint"
 	"github.com/IniZio/nexus/services/vmm/hypervisor"
 	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
@@ -105,9 +107,26 @@ func runSteps(ctx context.Context, op string, steps []bootStep, b *boot, finishe
 		}
 		ran = append(ran, st)
 		finished(st.name)
+		failpoint.Hit("vmm/" + op + "/" + st.name)
 	}
 	return nil
 }
+
+// bootingFile is in a sandbox directory from the first step of a boot that touches it until the
+// boot finished or failed: a VM found with it was started by a vmm that crashed before the guest
+// was configured, and is not adopted (adopt).
+const bootingFile = "booting"
+
+func markBooting(dir string) error {
+	return atomicfile.WriteFile(filepath.Join(dir, bootingFile), []byte("booting\n"), 0o600)
+}
+
+func booting(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, bootingFile))
+	return err == nil
+}
+
+func clearBooting(dir string) { os.Remove(filepath.Join(dir, bootingFile)) }
 
 // bootFiles are the kernel and initramfs every guest boots.
 type bootFiles struct {
@@ -184,9 +203,14 @@ func (p *reporter) finish(name string) {
 // run boots b with steps, reports each step to b's progress subject, and serves the machine.
 func (b *boot) run(ctx context.Context, op string, steps []bootStep) (api.StartResponse, error) {
 	p := &reporter{s: b.s, subject: b.progress, last: time.Now()}
-	if err := runSteps(ctx, op, steps, b, p.finish); err != nil {
+	err := runSteps(ctx, op, steps, b, p.finish)
+	if b.dir != "" {
+		clearBooting(b.dir) // done, or undone: either way nothing half-booted runs
+	}
+	if err != nil {
 		return api.StartResponse{}, err
 	}
+	failpoint.Hit("vmm/" + op + "/booted")
 	b.s.serve(b.m)
 	return api.StartResponse{PID: b.m.vm.Pid(), Accel: b.m.vm.Accel(), Steps: p.done}, nil
 }
@@ -247,6 +271,9 @@ func (b *boot) sandboxDir() error {
 	b.dir = b.s.cfg.Home.Sandbox(b.id)
 	b.disk = filepath.Join(b.dir, "disk.qcow2")
 	if err := os.MkdirAll(b.dir, 0o700); err != nil {
+		return err
+	}
+	if err := markBooting(b.dir); err != nil {
 		return err
 	}
 	return setPortForward(b.dir, !b.noPortForward)

@@ -24,12 +24,10 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 	// A stop or remove that arrives while this boot runs waits for it, then undoes it: no VM
 	// can be left running behind a record that is gone.
 	defer s.lockID(r.ID)()
-	s.mu.Lock()
-	if _, ok := s.vms[r.ID]; ok {
-		s.mu.Unlock()
-		return api.StartResponse{}, errdefs.Conflict("sandbox %s is already running", r.Name)
+	if err := s.notRunning(r.ID, r.Name); err != nil {
+		return api.StartResponse{}, err
 	}
-	s.mu.Unlock()
+	s.awaitAdoptions() // admission counts the VMs an earlier vmm left
 	release, err := s.admit(r.ID, r.MemoryMiB, r.VCPUs)
 	if err != nil {
 		return api.StartResponse{}, err
@@ -60,13 +58,41 @@ func (s *Service) dialAgent(ctx context.Context, m *machine) (*guest.Client, err
 	return c, nil
 }
 
+// notRunning refuses to boot id while it has a VM (once any adoption of it has finished), and
+// forgets why an earlier VM of id failed.
+func (s *Service) notRunning(id, name string) error {
+	s.awaitAdoption(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.vms[id]; ok {
+		return errdefs.Conflict("sandbox %s is already running", name)
+	}
+	delete(s.failed, id)
+	return nil
+}
+
 // serve registers a booted machine and starts its hybrid-vsock socket and watcher.
 func (s *Service) serve(m *machine) {
-	ctx, cancel := context.WithCancel(context.Background())
-	m.cancel = cancel
+	s.register(m)
+	close(m.awake)
+	s.serveGuest(m)
+}
+
+// register makes m one of the running machines.
+func (s *Service) register(m *machine) {
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if m.awake == nil {
+		m.awake = make(chan struct{})
+	}
 	s.mu.Lock()
 	s.vms[m.id] = m
 	s.mu.Unlock()
+}
+
+// serveGuest starts what talks to the guest of a registered machine that has its agent: the
+// hybrid-vsock socket, the watcher and the listener scan.
+func (s *Service) serveGuest(m *machine) {
+	ctx := m.ctx
 	go func() {
 		if err := guest.ServeHybridVsock(ctx, m.agent, filepath.Join(m.dir, "vsock.sock"), m.dir); err != nil && ctx.Err() == nil && !s.isStopping(m) {
 			s.log.Warn().Err(err).Str("sandbox", m.name).Msg("hybrid vsock stopped")
@@ -108,7 +134,7 @@ func (s *Service) stopLocked(ctx context.Context, r api.IDRequest) (api.Empty, e
 	if !ok {
 		return api.Empty{}, nil // already stopped
 	}
-	if !r.Force {
+	if !r.Force && m.agent != nil { // a VM adopted paused cannot shut down: it is killed
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		m.agent.Shutdown(sctx)
 		err := m.vm.Wait(sctx)
@@ -134,7 +160,7 @@ func (m *machine) kill() {
 }
 
 func (s *Service) pause(ctx context.Context, r api.IDRequest) (api.Empty, error) {
-	m, err := s.get(r.ID)
+	m, err := s.lookup(r.ID)
 	if err != nil {
 		return api.Empty{}, err
 	}
@@ -142,11 +168,15 @@ func (s *Service) pause(ctx context.Context, r api.IDRequest) (api.Empty, error)
 }
 
 func (s *Service) resume(ctx context.Context, r api.IDRequest) (api.Empty, error) {
-	m, err := s.get(r.ID)
+	defer s.lockID(r.ID)() // a stop waits for the agent of a VM adopted paused to be dialed
+	m, err := s.lookup(r.ID)
 	if err != nil {
 		return api.Empty{}, err
 	}
 	if err := m.vm.Resume(ctx); err != nil {
+		return api.Empty{}, err
+	}
+	if err := s.wake(ctx, m); err != nil {
 		return api.Empty{}, err
 	}
 	// The guest clock stood still while paused.
@@ -171,34 +201,113 @@ func (s *Service) remove(ctx context.Context, r api.IDRequest) (api.Empty, error
 	return api.Empty{}, nil
 }
 
-// adoptAll re-attaches to the QEMUs an earlier vmm left running. One that cannot be adopted
-// is killed and reported failed, so the registry and reality agree and no QEMU is orphaned.
+// adoptAll re-attaches to the QEMUs an earlier vmm left running, each in its own goroutine, and
+// returns at once: the endpoints are served meanwhile, and a request about a VM still being
+// adopted waits for it (awaitAdoption).
 func (s *Service) adoptAll(ctx context.Context) {
-	dirs, _ := filepath.Glob(filepath.Join(s.cfg.Home.Sandboxes(), "*", "qemu.pid"))
-	for _, pidfile := range dirs {
+	pidfiles, _ := filepath.Glob(filepath.Join(s.cfg.Home.Sandboxes(), "*", "qemu.pid"))
+	for _, pidfile := range pidfiles {
 		dir := filepath.Dir(pidfile)
 		id := filepath.Base(dir)
-		vm, err := s.drv.Adopt(ctx, dir)
-		if err != nil {
-			s.log.Warn().Err(err).Str("id", id).Msg("cannot adopt vm")
-			s.reportFailed(id, "the vmm restarted and could not re-adopt the VM: "+err.Error())
-			continue
-		}
-		m := &machine{id: id, name: id, dir: dir, vm: vm}
-		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		agent, err := guest.Dial(actx, hypervisor.AgentSocket(dir))
-		cancel()
-		if err != nil {
-			m.stopping = true
-			m.kill()
-			m.teardown()
-			s.reportFailed(id, "the vmm restarted and the guest agent did not answer again; the VM was stopped")
-			continue
-		}
-		m.agent = agent
-		s.serve(m)
-		s.log.Info().Str("id", id).Int("pid", vm.Pid()).Msg("adopted running vm")
+		done := make(chan struct{})
+		s.mu.Lock()
+		s.adopting[id] = done
+		s.mu.Unlock()
+		go func() {
+			unlock := s.lockID(id)
+			defer unlock()
+			s.adopt(ctx, id, dir)
+			s.mu.Lock()
+			delete(s.adopting, id)
+			s.mu.Unlock()
+			close(done)
+		}()
 	}
+}
+
+// adopt re-attaches to one VM. A VM whose boot had not finished (its guest may lack its
+// configuration), or that cannot be adopted, is killed and reported failed, so the registry and
+// reality agree and no QEMU is orphaned. A paused VM is adopted paused: its guest cannot answer
+// until it is resumed, when its agent is dialed (wake).
+func (s *Service) adopt(ctx context.Context, id, dir string) {
+	vm, err := s.drv.Adopt(ctx, dir)
+	if err != nil {
+		s.log.Warn().Err(err).Str("id", id).Msg("cannot adopt vm")
+		s.adoptFailed(id, "the vmm restarted and could not re-adopt the VM: "+err.Error())
+		return
+	}
+	m := &machine{id: id, name: id, dir: dir, vm: vm}
+	giveUp := func(reason string) {
+		m.stopping = true
+		m.kill()
+		m.teardown()
+		s.adoptFailed(id, reason)
+	}
+	if booting(dir) {
+		giveUp("nexus restarted while the VM was booting, before its guest was configured; the VM was stopped: start it again")
+		clearBooting(dir)
+		return
+	}
+	if paused, err := vm.Paused(ctx); err == nil && paused {
+		s.register(m)
+		go s.watchPaused(m)
+		s.log.Info().Str("id", id).Int("pid", vm.Pid()).Msg("adopted paused vm")
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	agent, err := guest.Dial(actx, hypervisor.AgentSocket(dir))
+	cancel()
+	if err != nil {
+		giveUp("the vmm restarted and the guest agent did not answer again; the VM was stopped")
+		return
+	}
+	m.agent = agent
+	s.serve(m)
+	s.log.Info().Str("id", id).Int("pid", vm.Pid()).Msg("adopted running vm")
+}
+
+// adoptFailed reports a VM that adoption gave up, and keeps the reason for Inspect: the
+// gateway may not listen to the event yet while both start.
+func (s *Service) adoptFailed(id, reason string) {
+	s.mu.Lock()
+	s.failed[id] = reason
+	s.mu.Unlock()
+	s.reportFailed(id, reason)
+}
+
+// watchPaused watches a VM adopted paused until it is woken: only QEMU's exit can happen.
+func (s *Service) watchPaused(m *machine) {
+	select {
+	case <-m.awake:
+	case <-m.ctx.Done():
+	case <-m.vm.Done():
+		s.lost(m, "the VM exited unexpectedly while paused (see nexus logs)")
+	}
+}
+
+// wake dials the agent of a machine adopted paused, now resumed, and serves its guest. One
+// whose agent does not answer is killed and reported failed.
+func (s *Service) wake(ctx context.Context, m *machine) error {
+	s.mu.Lock()
+	awake := m.agent != nil
+	s.mu.Unlock()
+	if awake {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	agent, err := s.dialAgent(dctx, m)
+	cancel()
+	if err != nil {
+		reason := "the guest agent did not answer after the VM was resumed; the VM was stopped"
+		s.lost(m, reason)
+		return errdefs.Unavailable("resume %s: %s", m.id, reason)
+	}
+	s.mu.Lock()
+	m.agent = agent
+	s.mu.Unlock()
+	close(m.awake)
+	s.serveGuest(m)
+	return nil
 }
 
 func (s *Service) reportFailed(id, reason string) {

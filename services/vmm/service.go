@@ -6,7 +6,6 @@ package vmm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -63,6 +62,11 @@ type Service struct {
 	vms      map[string]*machine
 	reserved map[string]int // id → MiB admitted for a boot under way (admission.go)
 	idLocks  sync.Map       // sandbox id → *sync.Mutex, see lockID
+	// adopting holds a channel per VM an earlier vmm left running, closed once this vmm has
+	// adopted it (or given up): requests about it wait for that (awaitAdoption).
+	adopting map[string]chan struct{}
+	// failed says why a VM this vmm found at start is gone (adoption), until it starts again.
+	failed map[string]string
 
 	snapMu   sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
 	snapping sync.Map     // ids of sandboxes being snapshotted (snapshot.go)
@@ -103,10 +107,12 @@ func New(cfg Config) (*Service, error) {
 		}
 		cfg.Driver = drv
 	}
-	return &Service{cfg: cfg, log: cfg.Log, drv: cfg.Driver, vms: map[string]*machine{}, reserved: map[string]int{}}, nil
+	return &Service{cfg: cfg, log: cfg.Log, drv: cfg.Driver, vms: map[string]*machine{}, reserved: map[string]int{},
+		adopting: map[string]chan struct{}{}, failed: map[string]string{}}, nil
 }
 
-// Run adopts the VMs left running by an earlier vmm, registers the endpoints and serves.
+// Run adopts the VMs left running by an earlier vmm while it registers the endpoints, and
+// serves.
 func (s *Service) Run(ctx context.Context) error {
 	s.adoptAll(ctx)
 	s.cleanSnapshotTemps()
@@ -146,7 +152,11 @@ type machine struct {
 	id, name string
 	dir      string
 	vm       hypervisor.VM
+	// agent is nil while a VM adopted paused has not been resumed (its guest cannot answer);
+	// it is set, under Service.mu, once and before awake is closed.
 	agent    *guest.Client
+	awake    chan struct{}      // closed when agent is set (adoptPaused, wake)
+	ctx      context.Context    // lives as long as the machine is served
 	cancel   context.CancelFunc // ends the hybrid-vsock server and the watcher
 	stopping bool               // a stop or remove is under way: exits are expected
 	execs    atomic.Int32       // commands running in the guest (exec.go)
@@ -154,7 +164,24 @@ type machine struct {
 	cpuBusy, cpuTotal atomic.Uint64
 }
 
+// get returns the machine of id with its agent: a VM being adopted is waited for, and one
+// adopted paused must be resumed first.
 func (s *Service) get(id string) (*machine, error) {
+	m, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.agent == nil {
+		return nil, errdefs.Conflict("sandbox %s is paused: resume it first", id)
+	}
+	return m, nil
+}
+
+// lookup returns the machine of id, its agent or not, once any adoption of it has finished.
+func (s *Service) lookup(id string) (*machine, error) {
+	s.awaitAdoption(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.vms[id]
@@ -162,6 +189,30 @@ func (s *Service) get(id string) (*machine, error) {
 		return nil, errdefs.Conflict("sandbox %s has no running VM", id)
 	}
 	return m, nil
+}
+
+// awaitAdoption waits until the VM of id, if an earlier vmm left one, is adopted or given up.
+// Adoption is bounded (the agent gets 15 s), so this is too.
+func (s *Service) awaitAdoption(id string) {
+	s.mu.Lock()
+	ch := s.adopting[id]
+	s.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// awaitAdoptions waits until every adoption has finished.
+func (s *Service) awaitAdoptions() {
+	s.mu.Lock()
+	var chs []chan struct{}
+	for _, ch := range s.adopting {
+		chs = append(chs, ch)
+	}
+	s.mu.Unlock()
+	for _, ch := range chs {
+		<-ch
+	}
 }
 
 // watch marks a VM failed when QEMU exits, the agent channel breaks, or the agent stops
@@ -205,8 +256,14 @@ loop:
 			}
 		}
 	}
+	s.lost(m, reason)
+}
+
+// lost ends a machine that failed on its own (unless a stop asked for it): it kills what is left
+// of the VM, releases the host side and reports the reason.
+func (s *Service) lost(m *machine, reason string) {
 	s.mu.Lock()
-	expected := m.stopping
+	expected := m.stopping || s.vms[m.id] != m // a stop asked for it, or it was ended already
 	if !expected {
 		delete(s.vms, m.id)
 	}
@@ -217,8 +274,7 @@ loop:
 	s.log.Warn().Str("sandbox", m.name).Str("reason", reason).Msg("vm failed")
 	m.vm.Kill()
 	m.teardown()
-	b, _ := json.Marshal(api.VMEvent{ID: m.id, Failed: reason, Time: time.Now().UTC()})
-	s.cfg.Bus.Publish(api.VMEventSubject(m.id), b)
+	s.reportFailed(m.id, reason)
 }
 
 // teardown releases the host side of a machine; the disk overlay stays.
@@ -241,11 +297,13 @@ func (m *machine) teardown() {
 }
 
 func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, error) {
+	s.awaitAdoption(r.ID)
 	s.mu.Lock()
 	m, ok := s.vms[r.ID]
+	failed := s.failed[r.ID]
 	s.mu.Unlock()
 	if !ok {
-		return api.VMInfo{ID: r.ID}, nil
+		return api.VMInfo{ID: r.ID, Failed: failed}, nil
 	}
 	return s.info(ctx, m), nil
 }
@@ -262,6 +320,7 @@ func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
 }
 
 func (s *Service) list(ctx context.Context, _ api.Empty) ([]api.VMInfo, error) {
+	s.awaitAdoptions()
 	s.mu.Lock()
 	ms := make([]*machine, 0, len(s.vms))
 	for _, m := range s.vms {
