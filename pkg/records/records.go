@@ -142,9 +142,10 @@ type Loaded[T any] struct {
 	Skipped int
 }
 
-// Load reads every record. Directories are passed over; temp files of an interrupted write,
-// files that are not records, unreadable and undecodable files are skipped, each logged and
-// counted. Only a directory that cannot be listed is an error.
+// Load reads every record. Directories are passed over; temp files of an interrupted write
+// (removed: Load runs as the store's owner starts, before it writes), files that are not
+// records, unreadable and undecodable files are skipped, each logged and counted. Only a
+// directory that cannot be listed is an error.
 func (s *Store[T]) Load() (Loaded[T], error) {
 	var out Loaded[T]
 	ents, err := os.ReadDir(s.dir)
@@ -163,8 +164,10 @@ func (s *Store[T]) Load() (Loaded[T], error) {
 			out.Skipped++
 			s.log.Warn().Err(err).Str("dir", s.dir).Str("file", name).Msg("record skipped: " + why)
 		}
-		if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
-			skip("left by an interrupted write", nil)
+		if isTemp(name) && e.Type().IsRegular() {
+			// Nobody writes while the store loads (its owner is starting): what a crash left
+			// half-written goes, so it does not pile up over restarts.
+			skip("left by an interrupted write, removed", os.Remove(filepath.Join(s.dir, name)))
 			continue
 		}
 		key, isRecord := strings.CutSuffix(name, Ext)
@@ -186,6 +189,12 @@ func (s *Store[T]) Load() (Loaded[T], error) {
 	}
 	sort.Slice(out.Records, func(i, j int) bool { return out.Records[i].Key < out.Records[j].Key })
 	return out, nil
+}
+
+// isTemp says whether name is the temp file of a write: pkg/atomicfile's .<key>.json.tmp-<n>,
+// or <key>.json.tmp of earlier builds.
+func isTemp(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") || strings.HasSuffix(name, Ext+".tmp")
 }
 
 func readBounded(path string) ([]byte, error) {

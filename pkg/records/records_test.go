@@ -110,4 +110,7 @@ func TestLoadSkipsWhatItCannotRead(t *testing.T) {
 			t.Errorf("the skip of %s was not logged:\n%s", f, logs.String())
 		}
 	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), ".c.json.tmp-123")); !os.IsNotExist(err) {
+		t.Errorf("the temp file of an interrupted write survived the load: %v", err)
+	}
 }

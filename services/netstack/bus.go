@@ -85,7 +85,7 @@ func (s *Service) Run(ctx context.Context) error {
 				if err := os.MkdirAll(filepath.Dir(r.SocketPath), 0o700); err != nil {
 					return netapi.Info{}, err
 				}
-				info, err := svc.CreateNetwork(ctx, r)
+				info, err := svc.ReplaceNetwork(ctx, r)
 				if err == nil {
 					err = store.Put(r.SandboxID, r)
 				}

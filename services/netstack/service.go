@@ -183,6 +183,17 @@ func (s *Manager) CreateNetwork(ctx context.Context, spec Spec) (Info, error) {
 	return n.info(), nil
 }
 
+// ReplaceNetwork is CreateNetwork for a sandbox that may have a network already, which it
+// replaces: setting a sandbox's perimeter up is idempotent, since each boot sends the whole spec
+// (a fresh proxy token among it) and a network left by a failed VM, or by a crash before its
+// teardown, must not refuse the next start.
+func (s *Manager) ReplaceNetwork(ctx context.Context, spec Spec) (Info, error) {
+	if err := s.RemoveNetwork(ctx, spec.SandboxID); err == nil {
+		s.log.Info().Str(logSandbox, spec.SandboxID).Msg("network replaced")
+	}
+	return s.CreateNetwork(ctx, spec)
+}
+
 // reserve claims spec's sandbox id (a nil entry while its network starts) after checking that
 // neither the id nor the socket is taken.
 func (s *Manager) reserve(spec Spec) error {
