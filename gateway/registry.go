@@ -21,11 +21,14 @@ import (
 )
 
 // Registry is the sandbox registry in KV nexus_sandboxes: one key per sandbox name, every
-// update checked against the revision it was read at, every state change an event.
+// update checked against the revision it was read at, every state change an event. Each KV
+// operation has its own deadline of seconds (bus.StoreTimeout) and fails with its cause.
 type Registry struct {
 	kv  jetstream.KeyValue
 	js  jetstream.JetStream
 	now func() time.Time
+	// home is where the bus keeps its store, named when a write fails for a full disk.
+	home string
 }
 
 // NewRegistry binds to the registry bucket.
@@ -60,12 +63,14 @@ func (r *Registry) Create(ctx context.Context, sb *api.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	rev, err := r.kv.Create(ctx, sb.Name, b)
+	kctx, cancel := bus.StoreContext(ctx)
+	rev, err := r.kv.Create(kctx, sb.Name, b)
+	cancel()
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return errdefs.Conflict("sandbox %s already exists", sb.Name)
 		}
-		return fmt.Errorf("registry: create %s: %w", sb.Name, err)
+		return fmt.Errorf("registry: create %s: %w", sb.Name, bus.StoreError(err, r.home))
 	}
 	sb.Revision = rev
 	r.event(ctx, sb, "", api.StateCreated, "")
@@ -74,12 +79,14 @@ func (r *Registry) Create(ctx context.Context, sb *api.Sandbox) error {
 
 // Get reads one record.
 func (r *Registry) Get(ctx context.Context, name string) (*api.Sandbox, error) {
-	e, err := r.kv.Get(ctx, name)
+	kctx, cancel := bus.StoreContext(ctx)
+	e, err := r.kv.Get(kctx, name)
+	cancel()
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, errdefs.NotFound("no sandbox named %s", name)
 		}
-		return nil, fmt.Errorf("registry: get %s: %w", name, err)
+		return nil, fmt.Errorf("registry: get %s: %w", name, bus.StoreError(err, r.home))
 	}
 	var sb api.Sandbox
 	if err := json.Unmarshal(e.Value(), &sb); err != nil {
@@ -91,9 +98,10 @@ func (r *Registry) Get(ctx context.Context, name string) (*api.Sandbox, error) {
 
 // List returns the records matching sel, sorted by name.
 func (r *Registry) List(ctx context.Context, sel api.Selector) ([]*api.Sandbox, error) {
+	// Not bounded by StoreTimeout: the listing lives as long as the loop below reads it.
 	lister, err := r.kv.ListKeys(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("registry: list: %w", err)
+		return nil, fmt.Errorf("registry: list: %w", bus.StoreError(err, r.home))
 	}
 	defer lister.Stop()
 	var out []*api.Sandbox
@@ -120,7 +128,9 @@ func (r *Registry) Update(ctx context.Context, sb *api.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	rev, err := r.kv.Update(ctx, sb.Name, b, sb.Revision)
+	kctx, cancel := bus.StoreContext(ctx)
+	rev, err := r.kv.Update(kctx, sb.Name, b, sb.Revision)
+	cancel()
 	if err != nil {
 		if isWrongRevision(err) {
 			return errdefs.Conflict("sandbox %s was changed by someone else; read it again and retry", sb.Name)
@@ -128,7 +138,7 @@ func (r *Registry) Update(ctx context.Context, sb *api.Sandbox) error {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return errdefs.NotFound("no sandbox named %s", sb.Name)
 		}
-		return fmt.Errorf("registry: update %s: %w", sb.Name, err)
+		return fmt.Errorf("registry: update %s: %w", sb.Name, bus.StoreError(err, r.home))
 	}
 	sb.Revision = rev
 	return nil
@@ -161,11 +171,14 @@ func (r *Registry) Transition(ctx context.Context, sb *api.Sandbox, to api.State
 
 // Delete removes the record if it is still at the revision read.
 func (r *Registry) Delete(ctx context.Context, sb *api.Sandbox) error {
-	if err := r.kv.Purge(ctx, sb.Name, jetstream.LastRevision(sb.Revision)); err != nil {
+	kctx, cancel := bus.StoreContext(ctx)
+	err := r.kv.Purge(kctx, sb.Name, jetstream.LastRevision(sb.Revision))
+	cancel()
+	if err != nil {
 		if isWrongRevision(err) {
 			return errdefs.Conflict("sandbox %s was changed by someone else; read it again and retry", sb.Name)
 		}
-		return fmt.Errorf("registry: delete %s: %w", sb.Name, err)
+		return fmt.Errorf("registry: delete %s: %w", sb.Name, bus.StoreError(err, r.home))
 	}
 	r.event(ctx, sb, sb.State, "", "removed")
 	return nil
