@@ -16,6 +16,7 @@ import (
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/failpoint"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/pkg/profile"
 )
@@ -32,6 +33,9 @@ const (
 
 // ReconcileEvery is how often the registry is compared with what the vmm runs.
 var ReconcileEvery = 15 * time.Second
+
+// RecoveryWait bounds how long a starting gateway waits for the vmm to answer before it serves.
+var RecoveryWait = 30 * time.Second
 
 // Config configures the gateway.
 type Config struct {
@@ -69,6 +73,7 @@ func (g *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	reg.home = string(g.cfg.Home)
 	g.reg = reg
 	if g.cfg.Home != "" {
 		if g.deleg, err = openDelegations(g.cfg.Home, g.log); err != nil {
@@ -91,6 +96,8 @@ func (g *Service) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	// What a crash left half done is settled before the first request is answered.
+	g.recoverOnStart(ctx, RecoveryWait)
 	go g.watchLeases(ctx)
 	go g.watchIdle(ctx)
 	go func() {
@@ -169,11 +176,12 @@ func (g *Service) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 	if err := g.reg.Create(ctx, sb); err != nil {
 		return nil, err
 	}
+	failpoint.Hit("gateway/create/recorded")
 	if err := g.boot(ctx, sb, r.Progress); err != nil {
 		if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrRefused) {
 			// The request itself was wrong (an unknown image, say) or asked for more than the
 			// host can give: leave nothing behind.
-			g.forget(sb)
+			g.discard(ctx, sb)
 		}
 		return sb, err
 	}
@@ -271,6 +279,7 @@ func (g *Service) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, e
 	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
 		return nil, err
 	}
+	failpoint.Hit("gateway/boot/starting")
 	prof, err := profile.Get(sb.Agent)
 	if err != nil {
 		g.fail(sb, err)
@@ -288,6 +297,7 @@ func (g *Service) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, e
 		g.fail(sb, err)
 		return nil, err
 	}
+	failpoint.Hit("gateway/boot/perimeter")
 	return perim, nil
 }
 
@@ -315,6 +325,7 @@ func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 		g.fail(sb, err)
 		return err
 	}
+	failpoint.Hit("gateway/boot/vm")
 	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
 }
 
@@ -458,16 +469,21 @@ func (g *Service) stop(ctx context.Context, sb *api.Sandbox, force bool) error {
 	case api.StateStopped, api.StateCreated:
 		return nil
 	}
-	if err := g.reg.Transition(ctx, sb, api.StateStopping, "", nil); err != nil {
-		return err
+	if sb.State != api.StateStopping {
+		if err := g.reg.Transition(ctx, sb, api.StateStopping, "", nil); err != nil {
+			return err
+		}
 	}
+	failpoint.Hit("gateway/stop/stopping")
 	if err := g.vmm(sb.Host).Stop(ctx, sb.ID, force); err != nil {
 		g.fail(sb, fmt.Errorf("stop: %w", err))
 		return err
 	}
+	failpoint.Hit("gateway/stop/vm")
 	if err := g.teardownPerimeter(ctx, sb); err != nil {
 		g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("perimeter teardown incomplete")
 	}
+	failpoint.Hit("gateway/stop/perimeter")
 	return g.reg.Transition(ctx, sb, api.StateStopped, "", nil)
 }
 
@@ -481,6 +497,7 @@ func (g *Service) pause(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	if err := g.vmm(sb.Host).Pause(ctx, sb.ID); err != nil {
 		return err
 	}
+	failpoint.Hit("gateway/pause/vm")
 	return g.reg.Transition(ctx, sb, api.StatePaused, "", nil)
 }
 
@@ -494,6 +511,7 @@ func (g *Service) resume(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	if err := g.vmm(sb.Host).Resume(ctx, sb.ID); err != nil {
 		return err
 	}
+	failpoint.Hit("gateway/resume/vm")
 	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
 }
 
@@ -521,11 +539,14 @@ func (g *Service) remove(ctx context.Context, sb *api.Sandbox, force bool) error
 			return err
 		}
 	}
+	failpoint.Hit("gateway/remove/removing")
 	if err := g.vmm(sb.Host).Remove(ctx, sb.ID); err != nil {
 		return fmt.Errorf("remove %s: %w", sb.Name, err)
 	}
+	failpoint.Hit("gateway/remove/vm")
 	if err := g.teardownPerimeter(ctx, sb); err != nil {
 		return fmt.Errorf("remove %s: %w", sb.Name, err)
 	}
+	failpoint.Hit("gateway/remove/perimeter")
 	return g.reg.Delete(ctx, sb)
 }

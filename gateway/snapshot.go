@@ -16,6 +16,7 @@ import (
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/failpoint"
 )
 
 // Snapshots, forks and named volumes. The vmm of the parent's host does the disk and memory work
@@ -79,6 +80,7 @@ func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 	if err != nil {
 		return nil, err
 	}
+	failpoint.Hit("gateway/snapshot/vm")
 	rec := &api.Snapshot{
 		Name: snap, Sandbox: sb.Name, SandboxID: sb.ID, Host: sb.Host, Image: sb.Image, MemoryMiB: info.MemoryMiB, VCPUs: info.VCPUs,
 		Agent: sb.Agent, Egress: sb.Egress, Secrets: sb.Secrets, Volumes: sb.Volumes, NoPortForward: sb.NoPortForward,
@@ -86,7 +88,10 @@ func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 		DiskBytes: info.DiskBytes, PausedMillis: info.PausedMillis,
 	}
 	b, _ := json.Marshal(rec)
-	if _, err := kv.Create(ctx, snap, b); err != nil {
+	kctx, cancel := bus.StoreContext(ctx)
+	_, err = kv.Create(kctx, snap, b)
+	cancel()
+	if err != nil {
 		// Keep disk and index in step: without a record the snapshot is removed again.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		g.vmm(sb.Host).SnapshotRemove(rctx, snap)
@@ -94,7 +99,7 @@ func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, errdefs.Conflict("snapshot %s already exists", snap)
 		}
-		return nil, fmt.Errorf("snapshots: record %s: %w", snap, err)
+		return nil, fmt.Errorf("snapshots: record %s: %w", snap, bus.StoreError(err, string(g.cfg.Home)))
 	}
 	return rec, nil
 }
@@ -181,8 +186,11 @@ func (g *Service) snapshotRemove(ctx context.Context, r api.SnapshotRemoveReques
 	if err != nil {
 		return api.Empty{}, err
 	}
-	if err := kv.Purge(ctx, rec.Name); err != nil {
-		return api.Empty{}, fmt.Errorf("snapshots: delete %s: %w", rec.Name, err)
+	kctx, cancel := bus.StoreContext(ctx)
+	err = kv.Purge(kctx, rec.Name)
+	cancel()
+	if err != nil {
+		return api.Empty{}, fmt.Errorf("snapshots: delete %s: %w", rec.Name, bus.StoreError(err, string(g.cfg.Home)))
 	}
 	return api.Empty{}, nil
 }
@@ -221,13 +229,11 @@ func (g *Service) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 	if err := g.reg.Create(ctx, sb); err != nil {
 		return nil, err
 	}
+	failpoint.Hit("gateway/fork/recorded")
 	if err := g.bootFork(ctx, sb, rec.Name, r.Progress); err != nil {
 		if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrRefused) || errors.Is(err, errdefs.ErrNotFound) {
 			// Refused before any VM started (a damaged snapshot, say): leave nothing behind.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			g.vmm(sb.Host).Remove(rctx, sb.ID)
-			cancel()
-			g.forget(sb)
+			g.discard(ctx, sb)
 			return nil, err
 		}
 		return sb, err
@@ -252,6 +258,7 @@ func (g *Service) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress 
 		g.fail(sb, err)
 		return err
 	}
+	failpoint.Hit("gateway/fork/vm")
 	return g.reg.Transition(ctx, sb, api.StateRunning, "", nil)
 }
 
