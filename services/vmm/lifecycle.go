@@ -3,6 +3,7 @@ package vmm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -231,6 +232,15 @@ func (s *Service) adoptAll(ctx context.Context) {
 // until it is resumed, when its agent is dialed (wake).
 func (s *Service) adopt(ctx context.Context, id, dir string) {
 	vm, err := s.drv.Adopt(ctx, dir)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Its QEMU is gone (a host reboot, or it was killed while nexus was down): nothing
+		// runs, so its pidfile goes too and the next vmm does not look for it again.
+		s.log.Warn().Err(err).Str("id", id).Msg("vm gone while the vmm was down")
+		os.Remove(filepath.Join(dir, "qemu.pid"))
+		clearBooting(dir)
+		s.adoptFailed(id, "the VM ended while nexus was not running (a host restart, or QEMU was killed); its disk is kept: start it again")
+		return
+	}
 	if err != nil {
 		s.log.Warn().Err(err).Str("id", id).Msg("cannot adopt vm")
 		s.adoptFailed(id, "the vmm restarted and could not re-adopt the VM: "+err.Error())
