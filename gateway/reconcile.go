@@ -36,9 +36,8 @@ func (g *Service) markFailed(ctx context.Context, id, reason string) {
 			return
 		}
 		switch sb.State {
-		case api.StateStopped, api.StateStopping, api.StateRemoving, api.StateFailed, api.StateCreated, api.StateStarting:
-			// Nobody expects a VM there, or a boot under way reports its own failure.
-			return
+		case api.StateStopped, api.StateStopping, api.StateRemoving, api.StateFailed, api.StateCreated:
+			return // nobody expects a VM there
 		}
 		err = g.reg.Transition(ctx, sb, api.StateFailed, reason, nil)
 		if err == nil {
@@ -121,7 +120,7 @@ func (g *Service) settleFresh(ctx context.Context, name, id string) error {
 	if err != nil {
 		return err
 	}
-	return g.settle(ctx, sb, vi)
+	return g.settle(ctx, sb, vi, true)
 }
 
 // reconcile compares the registry with what the vmm of each host runs (settle); a sandbox
@@ -146,7 +145,7 @@ func (g *Service) reconcile(ctx context.Context) {
 		if err != nil {
 			continue // that vmm is not up yet; it reports failures itself when it starts
 		}
-		if err := g.settle(ctx, sb, vi); err != nil {
+		if err := g.settle(ctx, sb, vi, false); err != nil {
 			g.log.Warn().Err(err).Str("sandbox", sb.Name).Str("state", string(sb.State)).Msg("reconcile: cannot settle the sandbox")
 		}
 	}
@@ -156,10 +155,10 @@ func (g *Service) reconcile(ctx context.Context) {
 // an interrupted gateway left: a removal is finished; a boot whose VM runs (the vmm serves a VM
 // only once every boot step ran) is running, one whose VM does not is failed with the reason
 // and nothing of it is left set up; a stop is finished; a running or paused sandbox whose VM is
-// gone is failed; a pause or resume cut off between the VM and the record is completed. A
-// perimeter is released before the record says nothing runs, so an error leaves the record
-// as it was, to be settled again.
-func (g *Service) settle(ctx context.Context, sb *api.Sandbox, vi vmmapi.VMInfo) error {
+// gone is failed; at start (nothing else under way), a pause or resume cut off between the VM
+// and the record is completed. A perimeter is released before the record says nothing runs,
+// so an error leaves the record as it was, to be settled again.
+func (g *Service) settle(ctx context.Context, sb *api.Sandbox, vi vmmapi.VMInfo, atStart bool) error {
 	failed := func(reason string) error {
 		if err := g.teardownPerimeter(ctx, sb); err != nil {
 			return err
@@ -196,6 +195,8 @@ func (g *Service) settle(ctx context.Context, sb *api.Sandbox, vi vmmapi.VMInfo)
 			reason = "the VM is not running (found by reconcile after a restart)"
 		}
 		return failed(reason)
+	case !atStart:
+		// A pause, resume or snapshot may be under way between the VM and the record.
 	case sb.State == api.StateRunning && vi.Paused:
 		// A pause (or a snapshot) was cut off before the record said so: what the user saw
 		// last is a running sandbox.
