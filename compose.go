@@ -68,11 +68,11 @@ func runners() map[string]func(ctx context.Context, env runEnv) error {
 	return map[string]func(ctx context.Context, env runEnv) error{
 		bus.UserGateway: func(ctx context.Context, env runEnv) error {
 			return run(ctx, gateway.New, gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				MetricsAddr: env.set.MetricsAddr})
+				MetricsAddr: env.set.MetricsAddr, MinFreeDisk: env.set.MinFreeDisk})
 		},
 		bus.UserVMM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel},
+				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel, JailHelper: jailHelper()}, MinFreeDisk: env.set.MinFreeDisk,
 				Admission: vmm.Admission{MemoryShare: env.set.MemoryShare, VCPUOvercommit: env.set.VCPUOvercommit}})
 		},
 		bus.UserNetstack: func(ctx context.Context, env runEnv) error {
@@ -302,4 +302,14 @@ func connectWaiting(ctx context.Context, g *cli.Global, user string, wait time.D
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// jailHelper is this binary, whose hidden subcommand starts QEMU contained; empty when it
+// cannot be found (QEMU then starts uncontained, and ps says so).
+func jailHelper() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return exe
 }

@@ -9,9 +9,13 @@ import (
 	"os"
 
 	"github.com/IniZio/nexus/gateway/cli"
+	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == qemu.JailCommand {
+		os.Exit(qemu.JailMain(os.Args[2:])) // the vmm starting a contained QEMU
+	}
 	root := cli.NewRoot()
 	root.AddCommand(upCommand(), serveCommand())
 	os.Exit(cli.Execute(root))

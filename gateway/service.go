@@ -47,6 +47,9 @@ type Config struct {
 	// MetricsAddr, when set, is where /metrics is served (metrics.go); a bare :port is on
 	// 127.0.0.1.
 	MetricsAddr string
+	// MinFreeDisk is the home's low free-space watermark: below it creates and forks are refused
+	// with "host disk full"; zero admits always.
+	MinFreeDisk home.Watermark
 }
 
 // Service serves the gateway API on the bus.
@@ -173,6 +176,9 @@ func (g *Service) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 	if err != nil {
 		return nil, err
 	}
+	if err := g.admit(); err != nil {
+		return nil, err
+	}
 	if err := g.reg.Create(ctx, sb); err != nil {
 		return nil, err
 	}
@@ -196,7 +202,7 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	if err := api.ValidateLabels(r.Labels); err != nil {
 		return nil, err
 	}
-	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
+	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, CPUs: r.CPUs,
 		Agent: r.Agent, NoPortForward: r.NoPortForward, Ephemeral: r.Ephemeral, Host: g.cfg.Host}
 	if sb.Image == "" {
 		sb.Image = DefaultImage
@@ -217,6 +223,9 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		sb.VCPUs = DefaultVCPUs
 	case sb.VCPUs < 0 || sb.VCPUs > MaxVCPUs:
 		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
+	}
+	if sb.CPUs < 0 || sb.CPUs > MaxVCPUs || (sb.CPUs > 0 && sb.CPUs < 0.01) {
+		return nil, errdefs.Invalid("--cpus %g is out of range 0.01-%d", sb.CPUs, MaxVCPUs)
 	}
 	if r.IdleTimeout != "" {
 		if _, err := api.ParseLifetime("idle-timeout", r.IdleTimeout); err != nil {
@@ -312,7 +321,7 @@ func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 	if err != nil {
 		return err
 	}
-	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs,
+	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, CPUs: sb.CPUs,
 		Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward,
 		NetSocket: perim.netSocket, Env: perim.env, TrustCA: perim.trustCA}
 	for _, m := range sb.Mounts {
@@ -340,6 +349,10 @@ func (g *Service) removedMeanwhile(sb *api.Sandbox, err error) error {
 	}
 	return err
 }
+
+// admit refuses a new sandbox while the home's filesystem is below its free-space watermark
+// ("host disk full: …"); running sandboxes are left alone (the vmm publishes the low-space event).
+func (g *Service) admit() error { return g.cfg.Home.CheckSpace(g.cfg.MinFreeDisk) }
 
 // forget deletes the record of a sandbox whose creation was refused.
 func (g *Service) forget(sb *api.Sandbox) {
@@ -399,7 +412,7 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 			}
 			cancel()
 		}
-		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes})
+		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes, Containment: vms[sb.ID].Containment})
 	}
 	ids := make([]string, len(out))
 	for i := range out {

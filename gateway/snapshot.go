@@ -209,6 +209,9 @@ func (g *Service) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 	if _, err := g.reg.Get(ctx, name); err == nil {
 		return nil, errdefs.Conflict("sandbox %s already exists", name)
 	}
+	if err := g.admit(); err != nil {
+		return nil, err
+	}
 	rec, err := g.getSnapshot(ctx, r.Source)
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
 		// Not a snapshot: a sandbox to snapshot first?

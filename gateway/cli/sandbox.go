@@ -97,6 +97,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
 	memoryFlag(f, &r.MemoryMiB)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
+	f.Float64Var(&r.CPUs, "cpus", 0, "host CPU time the sandbox may use, in CPUs, fractional allowed (default: its vCPUs)")
 	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
 	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
 	f.StringArrayVar(&r.AllowHosts, "allow-host", nil, "allow HOST[:PORT] (repeatable; a bare host means 443 and 80)")
@@ -180,7 +181,16 @@ func psCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Image, s.Agent, egressColumn(s.Egress)+auditLimitedMark(s.AuditLimited),
 					mem, dash(api.FormatLabels(s.Labels)), ageColumn(s.Sandbox), s.Host)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// A sandbox whose QEMU is not fully contained says so (issue 19), beside the table.
+			for _, s := range list {
+				if s.Containment != "" && s.Containment != "contained" && !strings.HasPrefix(s.Containment, "contained;") {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s is %s\n", s.Name, s.Containment)
+				}
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and failed sandboxes")

@@ -75,6 +75,7 @@ type Values struct {
 	Resolve         map[string]string
 	ExtraCA         string
 	ExtraRoots      []*x509.Certificate
+	MinFreeDisk     home.Watermark
 }
 
 // Table is every setting, in the order --help lists them.
@@ -162,6 +163,13 @@ var Table = []Setting{
 			}
 			v.VCPUOvercommit = b
 			return nil
+		}},
+	{Flag: "min-free-disk", Env: "NEXUS_MIN_FREE_DISK", Default: home.DefaultWatermark, Arg: "size|percent", Scope: Stack,
+		Help: "low free-space watermark of the home's filesystem: below it new sandboxes are refused (\"host disk full\") and an event is published; running ones are left alone",
+		set: func(v *Values, s string) error {
+			w, err := home.ParseWatermark(s)
+			v.MinFreeDisk = w
+			return err
 		}},
 	{Flag: "mitm-addr", Env: "NEXUS_MITM_ADDR", Arg: "host:port", Scope: Stack,
 		Help:  "where the mitm accepts CONNECTs",

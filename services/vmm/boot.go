@@ -146,6 +146,7 @@ type boot struct {
 	image         string
 	memoryMiB     int
 	vcpus         int
+	cpus          float64
 	mounts        []api.Mount
 	volumes       []api.Volume
 	netSocket     string
@@ -175,7 +176,7 @@ type boot struct {
 func (s *Service) newBoot(r api.StartRequest) *boot {
 	return &boot{
 		s: s, id: r.ID, name: r.Name, hostname: r.Hostname, env: r.Env, image: r.Image,
-		memoryMiB: r.MemoryMiB, vcpus: r.VCPUs, mounts: r.Mounts, volumes: r.Volumes,
+		memoryMiB: r.MemoryMiB, vcpus: r.VCPUs, cpus: r.CPUs, mounts: r.Mounts, volumes: r.Volumes,
 		netSocket: r.NetSocket, noPortForward: r.NoPortForward, files: r.Files, trustCA: r.TrustCA,
 		progress: r.Progress,
 	}
@@ -301,7 +302,7 @@ func (b *boot) newDisk(ctx context.Context) error {
 func (b *boot) machineSpec() hypervisor.Spec {
 	spec := hypervisor.Spec{
 		ID: b.id, Dir: b.dir, Kernel: b.kern.VmlinuxPath, KernelVersion: b.kern.Version, Initrd: b.initrd,
-		Hostname: b.hostname, MemoryMiB: b.memoryMiB, VCPUs: b.vcpus, Disk: b.disk, NetSocket: b.netSocket,
+		Hostname: b.hostname, MemoryMiB: b.memoryMiB, VCPUs: b.vcpus, CPUs: b.cpus, Disk: b.disk, NetSocket: b.netSocket,
 	}
 	if spec.Kernel == "" {
 		spec.Kernel = b.kern.VmlinuzPath

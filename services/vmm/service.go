@@ -47,6 +47,8 @@ type Config struct {
 	Heartbeat time.Duration
 	// Admission bounds what the sandboxes of this host may ask for together.
 	Admission Admission
+	// MinFreeDisk is the home's low free-space watermark (disk.go); zero: not watched.
+	MinFreeDisk home.Watermark
 }
 
 // Service runs the VMs of one host.
@@ -116,6 +118,7 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	s.adoptAll(ctx)
 	s.cleanSnapshotTemps()
+	go s.watchDisk(ctx)
 	info := bus.ServiceInfo{Name: "vmm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "microVMs, images, guest agent channel"}
 	return bus.Serve(ctx, s.cfg.Bus, info, s.log, func(svc *bus.Service) error {
 		for _, err := range []error{
@@ -228,10 +231,10 @@ loop:
 		case <-ctx.Done():
 			return
 		case <-m.vm.Done():
-			reason = "the VM exited unexpectedly (see nexus logs)"
+			reason = s.whyFailed(m, "the VM exited unexpectedly (see nexus logs)")
 			break loop
 		case <-m.agent.Done():
-			reason = "the guest agent channel closed unexpectedly (did the guest crash? see nexus logs)"
+			reason = s.whyFailed(m, "the guest agent channel closed unexpectedly (did the guest crash? see nexus logs)")
 			break loop
 		case <-t.C:
 			pctx, cancel := context.WithTimeout(ctx, 2*s.cfg.Heartbeat)
@@ -251,7 +254,7 @@ loop:
 				continue
 			}
 			if missed++; missed >= 3 {
-				reason = "the guest stopped answering heartbeats (hung or panicked; see nexus logs)"
+				reason = s.whyFailed(m, "the guest stopped answering heartbeats (hung or panicked; see nexus logs)")
 				break loop
 			}
 		}
@@ -315,6 +318,9 @@ func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
 	vi.DiskUsedBytes, vi.DiskSizeBytes = diskUsage(m.vm.Spec().Disk)
 	if paused, err := m.vm.Paused(ctx); err == nil && paused {
 		vi.Paused = true
+	}
+	if h, ok := m.vm.(hypervisor.Health); ok {
+		vi.Containment, vi.DiskErrors = h.Containment(), h.DiskErrors().Count
 	}
 	return vi
 }

@@ -14,6 +14,7 @@ type CreateRequest struct {
 	Labels        map[string]string `json:"labels,omitempty"`
 	MemoryMiB     int               `json:"memory_mib,omitempty"`
 	VCPUs         int               `json:"vcpus,omitempty"`
+	CPUs          float64           `json:"cpus,omitempty"` // host CPU quota in CPUs (fractional); 0: vcpus
 	Agent         string            `json:"agent,omitempty"`
 	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	AllowHosts    []string          `json:"allow_hosts,omitempty"`
@@ -76,6 +77,9 @@ type SandboxView struct {
 	RSSBytes int64 `json:"rss_bytes,omitempty"`
 	// AuditLimited is set when the sandbox keeps hitting its audit limit (docs/audit.md).
 	AuditLimited *AuditLimit `json:"audit_limited,omitempty"`
+	// Containment says how the sandbox's VM is contained (a running one): "contained", or
+	// "less contained: …"/"not contained: …" with why.
+	Containment string `json:"containment,omitempty"`
 }
 
 // AuditLimit flags a sandbox whose decisions were over its audit rate lately: the services wrote

@@ -110,6 +110,7 @@ type Sandbox struct {
 	Image         string            `json:"image"`
 	MemoryMiB     int               `json:"memory_mib"`
 	VCPUs         int               `json:"vcpus"`
+	CPUs          float64           `json:"cpus,omitempty"` // host CPU quota; 0: VCPUs
 	Agent         string            `json:"agent"`
 	Egress        Egress            `json:"egress"`
 	Secrets       []SecretBinding   `json:"secrets,omitempty"`

@@ -59,6 +59,7 @@ type StartRequest struct {
 	Image     string            `json:"image"`
 	MemoryMiB int               `json:"memory_mib"`
 	VCPUs     int               `json:"vcpus"`
+	CPUs      float64           `json:"cpus,omitempty"` // host CPU quota in CPUs; 0: VCPUs
 	Hostname  string            `json:"hostname"`
 	Env       map[string]string `json:"env,omitempty"` // applied to every exec; may hold placeholders
 	Mounts    []Mount           `json:"mounts,omitempty"`
@@ -126,6 +127,11 @@ type VMInfo struct {
 	DiskSizeBytes int64     `json:"disk_size_bytes,omitempty"`
 	Started       time.Time `json:"started,omitzero"`
 	Failed        string    `json:"failed,omitempty"` // why the VM is gone or unhealthy
+	// Containment says how the VM's hypervisor is contained: "contained", or "less contained: …"
+	// or "not contained: …" with the reason (issue 19).
+	Containment string `json:"containment,omitempty"`
+	// DiskErrors counts the disk errors handed to the guest (werror=report), e.g. a full host disk.
+	DiskErrors int `json:"disk_errors,omitempty"`
 }
 
 // Empty is the request or response of endpoints that carry nothing.
@@ -248,6 +254,21 @@ type VMEvent struct {
 
 // VMEventSubject is where VMEvents for id are published.
 func VMEventSubject(id string) string { return bus.EventsPrefix + ".vmm." + id }
+
+// DiskEvent is published on nexus.events.host.<host>.disk when the free space of the host's
+// $NEXUS_HOME crosses the low watermark, either way. Below it new sandboxes are refused; running
+// ones are not stopped.
+type DiskEvent struct {
+	Host      string    `json:"host"`
+	Low       bool      `json:"low"`
+	Message   string    `json:"message"`
+	FreeBytes uint64    `json:"free_bytes"`
+	MinBytes  uint64    `json:"min_bytes"` // the watermark on this filesystem
+	Time      time.Time `json:"time"`
+}
+
+// DiskEventSubject is where DiskEvents of host are published.
+func DiskEventSubject(host string) string { return bus.EventsPrefix + ".host." + host + ".disk" }
 
 // ImageInfo describes a built root image.
 type ImageInfo struct {

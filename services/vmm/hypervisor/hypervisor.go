@@ -63,3 +63,24 @@ func AgentSocket(dir string) string { return filepath.Join(dir, "agent.sock") }
 
 // ConsoleLog is the guest serial console log in a sandbox directory.
 func ConsoleLog(dir string) string { return filepath.Join(dir, "console.log") }
+
+// DiskErrors counts the block I/O errors a VM's hypervisor handed to the guest rather than
+// pausing it (QEMU: werror=report,rerror=report and its BLOCK_IO_ERROR event).
+type DiskErrors struct {
+	Count   int       `json:"count"`
+	NoSpace int       `json:"no_space"` // of which "no space left on device"
+	Last    string    `json:"last,omitempty"`
+	LastAt  time.Time `json:"last_at,omitzero"`
+}
+
+// Health is what a VM can tell the service about why it struggles or died, beyond VM. A driver's
+// VM implements it when it can; the service asks before it falls back to a generic reason.
+type Health interface {
+	DiskErrors() DiskErrors
+	// ExitReason says why the VM exited when the driver knows, e.g. "out of memory (limit 600
+	// MiB)"; empty when it does not.
+	ExitReason() string
+	// Containment says how the hypervisor process is contained: "contained", or a sentence
+	// starting "less contained:" or "not contained:" saying why.
+	Containment() string
+}

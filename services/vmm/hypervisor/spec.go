@@ -55,6 +55,9 @@ type Spec struct {
 
 	MemoryMiB int
 	VCPUs     int
+	// CPUs is the host CPU time the VM may use, in CPUs (fractional: 0.5 is half of one); 0:
+	// VCPUs. The driver enforces it (QEMU: its cgroup's CPU quota).
+	CPUs float64 `json:",omitempty"`
 
 	Disk       string // root disk: qcow2 overlay over the read-only base image
 	NetSocket  string // unix socket the hypervisor listens on for the user-mode network stack; empty: no NIC at all

@@ -50,6 +50,14 @@ type Config struct {
 	// ProbeTimeout bounds the KVM probe boot; default 5s (a working KVM reaches /init in under 1s).
 	ProbeTimeout time.Duration
 	Logger       zerolog.Logger
+	// DiskBps and DiskIOPS throttle each VM's reads and writes (each direction) on the device
+	// holding its directory, through its cgroup; default 256 MiB/s and 8192.
+	DiskBps, DiskIOPS uint64
+	// JailHelper is the nexus binary, whose hidden subcommand JailCommand starts QEMU contained
+	// (jail.go); empty (tests of this package), or a vmm not running as root, starts QEMU directly.
+	JailHelper string
+	// UID and GID are what QEMU runs as when contained; default DefaultUID.
+	UID, GID int
 }
 
 // Driver starts, restores and adopts QEMU microVMs: the hypervisor.Driver of QEMU.
@@ -73,6 +81,15 @@ func New(cfg Config) (*Driver, error) {
 	case AccelAuto, AccelKVM, AccelTCG:
 	default:
 		return nil, errdefs.Invalid("qemu: accelerator %q is not one of auto, kvm, tcg", cfg.Accel)
+	}
+	if cfg.UID == 0 {
+		cfg.UID, cfg.GID = DefaultUID, DefaultUID
+	}
+	if cfg.DiskBps == 0 {
+		cfg.DiskBps = defaultDiskBps
+	}
+	if cfg.DiskIOPS == 0 {
+		cfg.DiskIOPS = defaultDiskIOPS
 	}
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = 5 * time.Second

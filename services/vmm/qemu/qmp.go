@@ -11,6 +11,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // maxQMPLine bounds one QMP message. QEMU's replies to the commands we send are far smaller.
@@ -87,6 +91,47 @@ type QMP struct {
 	events  chan Event
 	done    chan struct{}
 	err     error // why the reader stopped; set before done is closed
+
+	ioMu     sync.Mutex
+	ioErrors hypervisor.DiskErrors // BLOCK_IO_ERROR events seen on this connection
+}
+
+// blockIOError is the data of QEMU's BLOCK_IO_ERROR event.
+type blockIOError struct {
+	Device    string `json:"device"`
+	NodeName  string `json:"node-name"`
+	Operation string `json:"operation"`
+	Action    string `json:"action"`
+	NoSpace   bool   `json:"nospace"`
+	Reason    string `json:"reason"`
+}
+
+// recordIOError counts a BLOCK_IO_ERROR: with werror=report,rerror=report QEMU hands the error
+// to the guest (ENOSPC, EIO) and keeps running; the count tells the vmm why a guest struggles.
+func (q *QMP) recordIOError(data json.RawMessage, at time.Time) {
+	var e blockIOError
+	if json.Unmarshal(data, &e) != nil {
+		return
+	}
+	q.ioMu.Lock()
+	defer q.ioMu.Unlock()
+	q.ioErrors.Count++
+	if e.NoSpace {
+		q.ioErrors.NoSpace++
+	}
+	dev := e.NodeName
+	if dev == "" {
+		dev = e.Device
+	}
+	q.ioErrors.Last = truncate([]byte(fmt.Sprintf("%s %s: %s", dev, e.Operation, e.Reason)), 200)
+	q.ioErrors.LastAt = at
+}
+
+// DiskErrors is what BLOCK_IO_ERROR events said since the connection was made.
+func (q *QMP) DiskErrors() hypervisor.DiskErrors {
+	q.ioMu.Lock()
+	defer q.ioMu.Unlock()
+	return q.ioErrors
 }
 
 // DialQMP connects to a QMP socket, reads the greeting and negotiates capabilities.
@@ -164,6 +209,9 @@ func (q *QMP) readLoop(r *bufio.Reader) {
 			if m.Timestamp != nil {
 				ev.Time = time.Unix(m.Timestamp.Seconds, m.Timestamp.Microseconds*1000)
 			}
+			if ev.Name == "BLOCK_IO_ERROR" {
+				q.recordIOError(ev.Data, ev.Time)
+			}
 			q.pushEvent(ev)
 		case m.Return != nil || m.Error != nil:
 			var id string
@@ -234,6 +282,17 @@ func (q *QMP) PortOpened(ctx context.Context) <-chan struct{} {
 
 // Execute runs one command and returns its "return" value. args may be nil.
 func (q *QMP) Execute(ctx context.Context, command string, args any) (json.RawMessage, error) {
+	return q.execute(ctx, command, args, -1)
+}
+
+// SendFD passes fd to QEMU under name (QMP getfd), for a later "fd:<name>" migration URI: QEMU's
+// seccomp filter forbids the "exec:" URIs, which spawn a process.
+func (q *QMP) SendFD(ctx context.Context, name string, fd int) error {
+	_, err := q.execute(ctx, "getfd", map[string]any{"fdname": name}, fd)
+	return err
+}
+
+func (q *QMP) execute(ctx context.Context, command string, args any, fd int) (json.RawMessage, error) {
 	id := strconv.FormatUint(q.nextID.Add(1), 10)
 	req := map[string]any{"execute": command, "id": id}
 	if args != nil {
@@ -265,7 +324,13 @@ func (q *QMP) Execute(ctx context.Context, command string, args any) (json.RawMe
 		dl = time.Now().Add(10 * time.Second)
 	}
 	q.conn.SetWriteDeadline(dl)
-	_, err = q.conn.Write(append(b, '\n'))
+	if uc, ok := q.conn.(*net.UnixConn); ok && fd >= 0 {
+		_, _, err = uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(fd), nil)
+	} else if fd >= 0 {
+		err = errors.New("qmp: passing a file needs a unix socket")
+	} else {
+		_, err = q.conn.Write(append(b, '\n'))
+	}
 	q.wmu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", command, err)

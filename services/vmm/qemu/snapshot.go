@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -33,13 +34,21 @@ func (vm *VM) SaveState(ctx context.Context, path string) error {
 	if err := vm.ignoreShared(ctx); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
-	if _, err := vm.QMP.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > '" + path + "'"}); err != nil {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	defer f.Close()
+	if err := vm.QMP.SendFD(ctx, "nexus-save", int(f.Fd())); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if _, err := vm.QMP.Execute(ctx, "migrate", map[string]any{"uri": "fd:nexus-save"}); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
 	if err := vm.awaitMigration(ctx); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
-	return nil
+	return f.Sync()
 }
 
 func (vm *VM) ignoreShared(ctx context.Context) error {
@@ -109,7 +118,15 @@ func (d *Driver) Restore(ctx context.Context, spec VMSpec, statePath string) (hy
 	if err := vm.ignoreShared(ctx); err != nil {
 		return fail(err)
 	}
-	if _, err := vm.QMP.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat '" + statePath + "'"}); err != nil {
+	f, err := os.Open(statePath)
+	if err != nil {
+		return fail(err)
+	}
+	defer f.Close()
+	if err := vm.QMP.SendFD(ctx, "nexus-restore", int(f.Fd())); err != nil {
+		return fail(err)
+	}
+	if _, err := vm.QMP.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:nexus-restore"}); err != nil {
 		return fail(err)
 	}
 	if err := vm.awaitMigration(ctx); err != nil {

@@ -71,6 +71,9 @@ func validate(s *VMSpec) error {
 	if s.VCPUs < 1 || s.VCPUs > 64 {
 		return errdefs.Invalid("vcpus %d must be between 1 and 64", s.VCPUs)
 	}
+	if s.CPUs < 0 || s.CPUs > 64 {
+		return errdefs.Invalid("cpus %g must be between 0.01 and 64", s.CPUs)
+	}
 	for name, p := range map[string]string{"kernel": s.Kernel, "initrd": s.Initrd} {
 		if err := regularFile(p); err != nil {
 			return errdefs.Invalid("vm %s: %s: %v", s.ID, name, err)
@@ -212,11 +215,17 @@ func kernelCmdline(s *VMSpec, accel string, now time.Time) string {
 	return strings.Join(t, " ")
 }
 
+// reportErrors makes a failed disk write or read the guest's error (ENOSPC, EIO) instead of
+// pausing the VM, QEMU's default on ENOSPC: a paused guest misses its heartbeats and was killed as
+// hung, and a full host disk then stopped every sandbox that wrote. QEMU still raises
+// BLOCK_IO_ERROR, which the QMP client counts (QMP.DiskErrors).
+const reportErrors = "werror=report,rerror=report"
+
 // commandLine builds QEMU's argument list. Device order is significant: the root disk comes first so
 // the guest names it /dev/vda.
 func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 	cpu := "max"
-	accelArg := "tcg,thread=multi"
+	accelArg := "tcg,thread=multi,tb-size=" + strconv.Itoa(tcgCacheMiB) // bounded: it is most of QEMU's memory overhead
 	if accel == AccelKVM {
 		cpu, accelArg = "host", "kvm"
 	}
@@ -235,6 +244,7 @@ func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 		"-smp", strconv.Itoa(s.VCPUs),
 		"-object", "memory-backend-file,id=mem,size=" + mem + ",mem-path=" + ramPath + ",share=" + share,
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-sandbox", sandboxFilter,
 		"-kernel", s.Kernel,
 		"-initrd", s.Initrd,
 		"-append", kernelCmdline(s, accel, now),
@@ -247,7 +257,7 @@ func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 	}
 	if s.Disk != "" {
 		a = append(a,
-			"-drive", "id=root,file="+s.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap",
+			"-drive", "id=root,file="+s.Disk+",format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,"+reportErrors,
 			"-device", "virtio-blk-device,drive=root,serial=nexus-root")
 	}
 	for i, d := range s.ExtraDisks {
@@ -255,7 +265,7 @@ func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 		if f == "" {
 			f = "raw"
 		}
-		drive := fmt.Sprintf("id=disk%d,file=%s,format=%s,if=none,discard=unmap", i, d.Path, f)
+		drive := fmt.Sprintf("id=disk%d,file=%s,format=%s,if=none,discard=unmap,%s", i, d.Path, f, reportErrors)
 		if d.ReadOnly {
 			drive += ",read-only=on"
 		}

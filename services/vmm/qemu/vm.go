@@ -33,7 +33,10 @@ type state struct {
 	RAMPath string    `json:"ram_path"`
 	Started time.Time `json:"started"`
 	Binary  string    `json:"binary"`
-	Spec    *VMSpec   `json:"spec,omitempty"` // what the VM was started with (snapshots describe the machine from it)
+	Spec    *VMSpec   `json:"spec,omitempty"`   // what the VM was started with (snapshots describe the machine from it)
+	Cgroup  *vmCgroup `json:"cgroup,omitempty"` // absent for VMs of builds before cgroups (cgroup.go)
+	// Containment says how QEMU is contained (jail.go); absent for VMs of builds before it.
+	Containment string `json:"containment,omitempty"`
 }
 
 // VM is a handle on one running QEMU process (a hypervisor.VM). Dropping the handle (Close)
@@ -43,15 +46,17 @@ type VM struct {
 	Dir string
 	QMP *QMP
 
-	pid     int
-	accel   string
-	started time.Time
-	ramPath string
-	spec    VMSpec
-	pidfd   int
-	done    chan struct{}
-	mu      sync.Mutex
-	exitErr error
+	pid         int
+	accel       string
+	started     time.Time
+	ramPath     string
+	spec        VMSpec
+	pidfd       int
+	cg          *vmCgroup // nil: not in a cgroup of its own
+	containment string
+	done        chan struct{}
+	mu          sync.Mutex
+	exitErr     error
 }
 
 // Start launches QEMU for spec, detached in its own session, and returns once QMP answers.
@@ -98,13 +103,34 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	defer logf.Close()
+	cg, err := newCgroup(cgroupName(spec.ID, spec.Dir), d.limitsFor(&spec, accel))
+	if err != nil {
+		d.cfg.Logger.Warn().Err(err).Str("vm", spec.ID).Msg("qemu runs without a cgroup of its own")
+	}
 	now := time.Now()
-	cmd := exec.Command(d.binary, commandLine(&spec, accel, ram, now)...)
-	cmd.Dir = spec.Dir
-	cmd.Stdout, cmd.Stderr = logf, logf
+	argv := commandLine(&spec, accel, ram, now)
+	cmd := exec.Command(d.binary, argv...)
 	// Own session: a signal to the vmm's process group (or its death) does not reach QEMU.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	containment := notContained
+	if d.jailed() {
+		uid, gid, c := d.identity(&spec)
+		if err := prepareJail(&spec, ram, uid, gid); err != nil {
+			cg.removeIfAny()
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+		js, _ := json.Marshal(d.jailFor(&spec, accel, ram, uid, gid, append([]string{d.binary}, argv...)))
+		cmd = exec.Command(d.cfg.JailHelper, JailCommand, string(js))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
+			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS}
+		containment = c
+	}
+	cmd.Dir = spec.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
+		if cg != nil {
+			cg.remove()
+		}
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
@@ -113,13 +139,22 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 	}
 	vm := &VM{
 		ID: spec.ID, Dir: spec.Dir, pid: cmd.Process.Pid, accel: accel, started: now,
-		ramPath: ram, spec: spec, pidfd: pidfd, done: make(chan struct{}),
+		ramPath: ram, spec: spec, pidfd: pidfd, cg: cg, containment: containment, done: make(chan struct{}),
 	}
 	go func() {
 		err := cmd.Wait()
 		vm.exited(err)
 	}()
-	st := state{ID: spec.ID, Pid: vm.pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec}
+	if cg != nil {
+		if err := cg.add(vm.pid); err != nil {
+			vm.Kill()
+			vm.Close()
+			cg.remove()
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+	}
+	st := state{ID: spec.ID, Pid: vm.pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec, Cgroup: cg,
+		Containment: containment}
 	b, _ := json.Marshal(st)
 	if err := atomicfile.WriteFile(statePath(spec.Dir), b, 0o600); err == nil {
 		err = atomicfile.WriteFile(pidPath(spec.Dir), []byte(strconv.Itoa(vm.pid)+"\n"), 0o600)
@@ -192,16 +227,25 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (hypervisor.VM, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		removeRAM(st.RAMPath)
+		st.Cgroup.removeIfAny()
 		return nil, errdefs.NotFound("adopt %s: qemu pid %d is not running", dir, pid)
 	}
 	if !isOurQEMU(pid, dir) {
 		unix.Close(pidfd)
 		removeRAM(st.RAMPath)
+		st.Cgroup.removeIfAny()
 		return nil, errdefs.NotFound("adopt %s: pid %d is not the qemu for this directory", dir, pid)
+	}
+	// The cgroup is re-attached when QEMU is still in it; a VM of an older build has none.
+	if st.Cgroup != nil && !st.Cgroup.holds(pid) {
+		st.Cgroup = nil
 	}
 	vm := &VM{
 		ID: st.ID, Dir: dir, pid: pid, accel: st.Accel, started: st.Started,
-		ramPath: st.RAMPath, pidfd: pidfd, done: make(chan struct{}),
+		ramPath: st.RAMPath, pidfd: pidfd, cg: st.Cgroup, containment: st.Containment, done: make(chan struct{}),
+	}
+	if vm.containment == "" {
+		vm.containment = oldBuild
 	}
 	if st.Spec != nil {
 		vm.spec = *st.Spec
@@ -372,6 +416,9 @@ func (vm *VM) Cleanup() error {
 	vm.Close()
 	removeRAM(vm.ramPath)
 	var errs []error
+	if err := vm.cg.removeIfAny(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, p := range []string{qmpPath(vm.Dir), AgentSocket(vm.Dir), pidPath(vm.Dir), statePath(vm.Dir)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
@@ -432,3 +479,16 @@ func rotate(path string, max int64) {
 		os.Rename(path, path+".1")
 	}
 }
+
+var _ hypervisor.Health = (*VM)(nil)
+
+// DiskErrors counts the BLOCK_IO_ERROR events QEMU raised since the handle connected.
+func (vm *VM) DiskErrors() hypervisor.DiskErrors {
+	if vm.QMP == nil {
+		return hypervisor.DiskErrors{}
+	}
+	return vm.QMP.DiskErrors()
+}
+
+// ExitReason says why QEMU exited when the driver knows; see cgroup.go.
+func (vm *VM) ExitReason() string { return vm.oomReason() }
