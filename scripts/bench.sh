@@ -82,6 +82,7 @@ runs=(
 	"./e2e/bench IdleMemory|Create10|Fork|Pause 3x"
 	"./e2e/bench ExecTrue|Keystroke|Clone 200x"
 	"./e2e/bench GuestNet 1x"
+	"./e2e/bench NoisyNeighbour 1x"
 	"./services/mitm . 2s"
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"
