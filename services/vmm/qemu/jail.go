@@ -322,7 +322,7 @@ func (d *Driver) jailFor(spec *VMSpec, accel, ram string, uid, gid int, argv []s
 }
 
 // prepareJail gives the VM's uid what it must open: the sandbox directory and its logs, the
-// disks and volumes, the RAM file (created empty, 0600, unless a restore maps a snapshot's) and
+// disks and volumes, the RAM file and
 // the empty directory the root is built on.
 func prepareJail(spec *VMSpec, ram string, uid, gid int) error {
 	root := filepath.Join(spec.Dir, "root")
@@ -338,14 +338,9 @@ func prepareJail(spec *VMSpec, ram string, uid, gid int) error {
 			paths = append(paths, dk.Path)
 		}
 	}
-	if !spec.Incoming {
-		f, err := os.OpenFile(ram, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return fmt.Errorf("ram file: %w", err)
-		}
-		f.Close()
-	}
-	paths = append(paths, ram) // a restore opens the snapshot's read-write (mapped privately, never written)
+	// The RAM file (made 0600 by createRAM; a restore's is the snapshot's, opened read-write and
+	// mapped privately, never written) is bound in by itself, so its 0700 directory stays root's.
+	paths = append(paths, ram)
 	if f, err := os.OpenFile(consolePath(spec.Dir), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
 		f.Close()
 	}
