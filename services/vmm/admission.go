@@ -8,11 +8,13 @@ import (
 	"runtime"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
 // VMOverheadMiB is what one QEMU process takes beyond its guest's memory (device models, the
-// TCG translation cache, page tables): counted with each sandbox when admitting another.
-const VMOverheadMiB = 96
+// TCG translation cache, page tables), as its cgroup allows it: counted with each sandbox when
+// admitting another.
+const VMOverheadMiB = qemu.MaxOverheadMiB
 
 // DefaultMemoryShare is the part of host memory sandboxes may take together by default.
 const DefaultMemoryShare = 0.9

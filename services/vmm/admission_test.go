@@ -2,6 +2,7 @@ package vmm
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -17,17 +18,18 @@ func admissionService(a Admission) *Service {
 // host's share; a refusal gives the numbers, and a released reservation frees its room.
 func TestAdmitMemory(t *testing.T) {
 	s := admissionService(Admission{HostMemoryMiB: 4000, HostCores: 2, MemoryShare: 0.5}) // 2000 MiB for sandboxes
-	s.vms["sb-run"] = &machine{id: "sb-run", vm: &fakeVM{spec: hypervisor.Spec{MemoryMiB: 1024}}}
-	// 1024+96 are taken; 512+96 more fit, and then nothing of 512.
+	s.vms["sb-run"] = &machine{id: "sb-run", vm: &fakeVM{spec: hypervisor.Spec{MemoryMiB: 1024 - VMOverheadMiB}}}
+	// 1024 are taken; 512+overhead more fit, and then nothing of 512.
 	release, err := s.admit("sb-a", 512, 1)
 	if err != nil {
-		t.Fatalf("a 512 MiB sandbox next to 1120 MiB used of 2000: %v", err)
+		t.Fatalf("a 512 MiB sandbox next to 1024 MiB used of 2000: %v", err)
 	}
 	_, err = s.admit("sb-b", 512, 1)
 	if !errors.Is(err, errdefs.ErrRefused) {
-		t.Fatalf("a second 512 MiB sandbox (1728+608 > 2000): %v, want refused", err)
+		t.Fatalf("a second 512 MiB sandbox: %v, want refused", err)
 	}
-	for _, want := range []string{"512 MiB sandbox", "2000 MiB (50% of 4000 MiB)", "2 sandboxes hold 1728 MiB", "--memory-share"} {
+	held := fmt.Sprintf("2 sandboxes hold %d MiB", 1024+512+VMOverheadMiB)
+	for _, want := range []string{"512 MiB sandbox", "2000 MiB (50% of 4000 MiB)", held, "--memory-share"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("refusal %q does not say %q", err, want)
 		}

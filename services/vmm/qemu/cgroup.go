@@ -44,6 +44,10 @@ const (
 	cgroupParentGroup = "nexus-vms" // the vmm's VMs are <vmm's cgroup>/nexus-vms/<name>
 )
 
+// MaxOverheadMiB is the most memory one QEMU takes beyond its guest's (the TCG figure): what
+// admission counts per sandbox, so that what it admits fits the cgroup limits it will get.
+const MaxOverheadMiB = overheadTCGMiB
+
 // vmCgroup is the record of a VM's cgroup in vm.json.
 type vmCgroup struct {
 	// Dirs is each controller's directory: "memory", "cpu", "pids", "io" (blkio on v1).
