@@ -384,6 +384,27 @@ func hostname(name string) string {
 	return n
 }
 
+// vmInfos asks the vmm of each host the sandboxes are on for what it runs, by sandbox id; a
+// host that does not answer within statsWait is left out.
+func (g *Service) vmInfos(ctx context.Context, sandboxes []*api.Sandbox) map[string]vmmapi.VMInfo {
+	vms := map[string]vmmapi.VMInfo{}
+	asked := map[string]bool{}
+	for _, sb := range sandboxes {
+		if asked[sb.Host] {
+			continue
+		}
+		asked[sb.Host] = true
+		lctx, cancel := context.WithTimeout(ctx, statsWait)
+		if list, err := g.vmm(sb.Host).List(lctx); err == nil {
+			for _, vi := range list {
+				vms[vi.ID] = vi
+			}
+		}
+		cancel()
+	}
+	return vms
+}
+
 func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxView, error) {
 	sel, err := api.ParseSelector(r.Selector...)
 	if err != nil {
@@ -395,22 +416,11 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 	}
 	// What each host's vmm measures (resident memory); a host that does not answer just
 	// leaves the column empty.
-	vms := map[string]vmmapi.VMInfo{}
-	asked := map[string]bool{}
+	vms := g.vmInfos(ctx, all)
 	out := []api.SandboxView{}
 	for _, sb := range all {
 		if !r.All && (sb.State == api.StateStopped || sb.State == api.StateFailed) {
 			continue
-		}
-		if !asked[sb.Host] {
-			asked[sb.Host] = true
-			lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if list, err := g.vmm(sb.Host).List(lctx); err == nil {
-				for _, vi := range list {
-					vms[vi.ID] = vi
-				}
-			}
-			cancel()
 		}
 		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes, Containment: vms[sb.ID].Containment})
 	}

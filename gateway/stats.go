@@ -6,7 +6,6 @@ import (
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
-	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
@@ -48,20 +47,9 @@ func (g *Service) stats(ctx context.Context, r api.StatsRequest) ([]api.SandboxS
 			}
 		}
 	}
-	vms := map[string]vmmapi.VMInfo{}
-	asked := map[string]bool{}
+	vms := g.vmInfos(ctx, targets)
 	out := []api.SandboxStats{}
 	for _, sb := range targets {
-		if !asked[sb.Host] {
-			asked[sb.Host] = true
-			lctx, cancel := context.WithTimeout(ctx, statsWait)
-			if list, err := g.vmm(sb.Host).List(lctx); err == nil {
-				for _, vi := range list {
-					vms[vi.ID] = vi
-				}
-			}
-			cancel()
-		}
 		vi := vms[sb.ID]
 		st := api.SandboxStats{Name: sb.Name, ID: sb.ID, State: sb.State, Time: time.Now().UTC(),
 			CPUSeconds: vi.CPUSeconds, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, RSSBytes: vi.RSSBytes,
