@@ -291,7 +291,18 @@ func (d *Driver) identity(spec *VMSpec) (uid, gid int, containment string) {
 // jailFor is the helper's spec for spec: every path QEMU's command line names.
 func (d *Driver) jailFor(spec *VMSpec, accel, ram string, uid, gid int, argv []string) jailSpec {
 	js := jailSpec{Root: filepath.Join(spec.Dir, "root"), UID: uid, GID: gid, Argv: argv}
-	add := func(p string, ro bool) { js.Binds = append(js.Binds, jailBind{Path: p, RO: ro}) }
+	// One bind per path: a path named twice (a host directory mounted rw and ro, say) is bound
+	// once, writable if any use needs it — a second bind would stack over the first and make
+	// every use of the path see the last one's mode. QEMU enforces each 9p export's own ro.
+	add := func(p string, ro bool) {
+		for i := range js.Binds {
+			if js.Binds[i].Path == p {
+				js.Binds[i].RO = js.Binds[i].RO && ro
+				return
+			}
+		}
+		js.Binds = append(js.Binds, jailBind{Path: p, RO: ro})
+	}
 	add(spec.Dir, false)
 	add(spec.Kernel, true)
 	add(spec.Initrd, true)
