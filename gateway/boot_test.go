@@ -25,7 +25,8 @@ func TestBootRemovedMeanwhile(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	ok, _ := bus.EncodeOK(struct{}{})
-	sub, err := b.Connect(t, bus.UserAdmin).Subscribe(bus.VMMAPI.All(), func(m *nats.Msg) {
+	admin := b.Connect(t, bus.UserAdmin)
+	sub, err := admin.Subscribe(bus.VMMAPI.All(), func(m *nats.Msg) {
 		if m.Subject == vmmapi.Start.Subject(bus.LocalHost) {
 			once.Do(func() { close(started) })
 			<-release
@@ -36,6 +37,10 @@ func TestBootRemovedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	// The fake vmm answers only once the server has its subscription.
+	if err := admin.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	reg, err := NewRegistry(ctx, nc)
