@@ -299,7 +299,10 @@ func TestExplain(t *testing.T) {
 		{[]string{"POST", "https://api.github.com/graphql", "--data", `{"query":"mutation{x}"}`}, []string{"DENY POST", "reason:     " + graphQLRefusal}},
 		{[]string{"GET", "https://evil.example/"}, []string{"DENY GET", "layer:      host", "rule:       host_not_allowed"}},
 	} {
-		out := stack.MustNexus(t, append([]string{"egress", "explain", name}, tc.args...)...)
+		out, errOut, code := stack.Nexus(t, append([]string{"egress", "explain", name}, tc.args...)...)
+		if want := map[bool]int{true: 1, false: 0}[strings.HasPrefix(tc.want[0], "DENY")]; code != want {
+			t.Errorf("explain %v: exit %d, want %d (1 on DENY)\n%s", tc.args, code, want, errOut)
+		}
 		for _, w := range tc.want {
 			if !strings.Contains(out, w) {
 				t.Errorf("explain %v: output lacks %q:\n%s", tc.args, w, out)

@@ -149,6 +149,9 @@ func launchName() string {
 // launch creates an ephemeral sandbox, holds its lease, runs argv attached to the caller's
 // terminal and removes the sandbox whatever happens; the result is the command's exit status.
 func launch(cmd *cobra.Command, o launchOptions, image string, argv []string) error {
+	if err := refuseJSON(cmd, "it runs COMMAND attached to this terminal"); err != nil {
+		return err
+	}
 	agent := o.agent
 	if agent == "" {
 		agent = profile.DefaultName

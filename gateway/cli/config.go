@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/httppolicy"
@@ -112,7 +113,12 @@ func explainCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "explain NAME METHOD URL",
 		Short: "Print what the perimeter would decide for a request from a sandbox, and the rule that decides it, without sending it",
-		Args:  cobra.ExactArgs(3),
+		Long: `Print what the perimeter would decide for a request from a sandbox, and the rule that
+decides it, without sending it. Exits 0 on ALLOW and 1 on DENY (2 on bad input), so scripts
+can test a decision by the status alone.`,
+		Example: `  nexus egress explain demo/t1 GET https://api.github.com/repos/acme/app
+  nexus egress explain demo/t1 POST https://api.github.com/graphql -d @query.json`,
+		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := data
 			if f, ok := strings.CutPrefix(data, "@"); ok {
@@ -130,14 +136,16 @@ func explainCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if printedJSON(cmd, ex) {
-				return nil
+			if !printedJSON(cmd, ex) {
+				w := cmd.OutOrStdout()
+				fmt.Fprintf(w, "%s %s %s\n", strings.ToUpper(ex.Decision), ex.Method, ex.URL)
+				fmt.Fprintf(w, "  layer:      %s\n  rule:       %s\n  reason:     %s\n", ex.Layer, ex.Rule, ex.Reason)
+				if ex.Credential != "" {
+					fmt.Fprintf(w, "  credential: %s\n", ex.Credential)
+				}
 			}
-			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "%s %s %s\n", strings.ToUpper(ex.Decision), ex.Method, ex.URL)
-			fmt.Fprintf(w, "  layer:      %s\n  rule:       %s\n  reason:     %s\n", ex.Layer, ex.Rule, ex.Reason)
-			if ex.Credential != "" {
-				fmt.Fprintf(w, "  credential: %s\n", ex.Credential)
+			if ex.Decision == audit.Deny {
+				return ExitError{Code: 1} // as grep: scripts test the decision by the status
 			}
 			return nil
 		},

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
@@ -28,7 +30,16 @@ func secretCommand() *cobra.Command {
 	set := &cobra.Command{
 		Use:   "set NAME",
 		Short: "Store a secret (value from stdin, --from-env, --from-file, or --command run on the host at use)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Store a secret. Sandboxes never see its value: they get a placeholder, which the
+perimeter swaps for the value only in requests to the secret's hosts.
+
+The value comes from stdin (on a terminal you are prompted and nothing is echoed),
+--from-env, --from-file, or --command, run on the host each time the value is needed.`,
+		Example: `  nexus secret set GITHUB_TOKEN --host api.github.com,github.com     # prompts
+  gh auth token | nexus secret set GITHUB_TOKEN --host api.github.com
+  nexus secret set OPENAI_API_KEY --from-env OPENAI_API_KEY --host api.openai.com
+  nexus secret set GH --command 'gh auth token' --host api.github.com`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := credapi.SecretSetRequest{Name: args[0], Hosts: hosts}
 			sources := 0
@@ -50,7 +61,17 @@ func secretCommand() *cobra.Command {
 				}
 				req.Value = v
 			default:
-				var r io.Reader = os.Stdin
+				var r io.Reader = cmd.InOrStdin()
+				if f, ok := r.(*os.File); ok && fromFile == "" && term.IsTerminal(int(f.Fd())) {
+					// A person at a terminal: prompt, and do not echo what they type.
+					fmt.Fprintf(cmd.ErrOrStderr(), "Value of secret %s (not echoed): ", args[0])
+					b, err := term.ReadPassword(int(f.Fd()))
+					fmt.Fprintln(cmd.ErrOrStderr())
+					if err != nil {
+						return fmt.Errorf("secret set: %w", err)
+					}
+					r = bytes.NewReader(b)
+				}
 				if fromFile != "" {
 					f, err := os.Open(fromFile)
 					if err != nil {
@@ -78,7 +99,7 @@ func secretCommand() *cobra.Command {
 			if err := c.SecretSet(cmd.Context(), req); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "secret %s stored; sandboxes created from now on get a placeholder of it\n", args[0])
+			done(cmd, args[0], "stored", "secret %s stored; sandboxes created from now on get a placeholder of it\n", args[0])
 			return nil
 		},
 	}
@@ -122,7 +143,7 @@ func secretCommand() *cobra.Command {
 			if err := c.SecretRemove(cmd.Context(), args[0]); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "secret %s removed\n", args[0])
+			done(cmd, args[0], "removed", "secret %s removed\n", args[0])
 			return nil
 		},
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,21 +26,45 @@ func execCommand() *cobra.Command {
 	var env []string
 	var dir, timeout string
 	cmd := &cobra.Command{
-		Use:   "exec NAME [flags] -- CMD [ARGS…]",
+		Use:   "exec [flags] NAME CMD [ARGS…]",
 		Short: "Run a command in a sandbox; its exit status is nexus's",
-		Long: `Run a command in a sandbox. nexus exits with the command's own status (124 after
---timeout), or with 125 when nexus itself failed (as docker run does): a bad flag, a
-sandbox that is missing or not running, a stack that is down, a stream lost on the
-way. A command whose caller's stream is lost is killed, so a caller that retries
-after 125 never runs it twice.`,
-		Args: execArgs(cobra.MinimumNArgs(2)),
+		Long: `Run a command in a sandbox. Flags after NAME belong to the command, as with docker exec
+(` + "`nexus exec box ls -la`" + `); a -- after NAME is allowed, and nexus flags between NAME and
+that -- are still nexus's.
+
+nexus exits with the command's own status (124 after --timeout), or with 125 when nexus
+itself failed (as docker run does): a bad flag, a sandbox that is missing or not running,
+a stack that is down, a stream lost on the way. A command whose caller's stream is lost is
+killed, so a caller that retries after 125 never runs it twice.
+
+With --json the command's output is captured and printed as one object
+{exit_code, stdout, stderr, stdout_bytes, stderr_bytes, signal, error} (as the MCP tool
+sandbox_exec returns it); the exit status stays the command's. -t refuses --json.`,
+		Example: `  nexus exec demo/t1 ls -la /workspace
+  nexus exec -it demo/t1 bash
+  nexus exec -e CI=1 -w /workspace demo/t1 -- make test
+  nexus exec --json demo/t1 git status --short`,
+		Args: execArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := api.ExecRequest{Name: args[0], Argv: args[1:], Env: env, Dir: dir, TTY: tty, Stdin: interactive, Timeout: timeout}
+			argv, err := execArgv(cmd, args[1:])
+			if err != nil {
+				return execFailure{err}
+			}
+			if tty {
+				if err := refuseJSON(cmd, "-t gives it a terminal"); err != nil {
+					return execFailure{err}
+				}
+			}
+			req := api.ExecRequest{Name: args[0], Argv: argv, Env: env, Dir: dir, TTY: tty, Stdin: interactive, Timeout: timeout}
+			if jsonOutput(cmd) {
+				return execJSON(cmd, req)
+			}
 			return execIn(cmd, req)
 		},
 	}
 	cmd.SetFlagErrorFunc(execFlagError)
 	f := cmd.Flags()
+	f.SetInterspersed(false) // everything after NAME belongs to the command
 	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin")
 	f.BoolVarP(&tty, "tty", "t", false, "allocate a pty (stderr is merged into stdout)")
 	f.StringArrayVarP(&env, "env", "e", nil, "set K=V in the command's environment (repeatable)")
@@ -48,13 +73,83 @@ after 125 never runs it twice.`,
 	return cmd
 }
 
+// execArgv is the command after NAME: everything, or, with a --, what follows it, the words
+// between NAME and the -- being nexus flags (the older `nexus exec NAME -i -- CMD`).
+func execArgv(cmd *cobra.Command, rest []string) ([]string, error) {
+	dash := slices.Index(rest, "--")
+	switch {
+	case dash == 0:
+		rest = rest[1:]
+	case dash > 0 && strings.HasPrefix(rest[0], "-"):
+		// Flags of exec between NAME and --: nexus's (the trial parse sets nothing); anything
+		// else is a command with its own flags and a -- of its own.
+		trial := execCommand().Flags()
+		if err := trial.Parse(rest[:dash]); err != nil {
+			return nil, usageError{err}
+		}
+		if len(trial.Args()) == 0 {
+			if err := cmd.Flags().Parse(rest[:dash]); err != nil {
+				return nil, usageError{err}
+			}
+			rest = rest[dash+1:]
+		}
+	}
+	if len(rest) == 0 || rest[0] == "" {
+		return nil, usageError{errors.New("exec: the command is missing: nexus exec NAME CMD [ARGS…]")}
+	}
+	return rest, nil
+}
+
+// ExecResult is what `nexus exec --json` prints: the fields of the MCP tool sandbox_exec's
+// result, with the whole output (nothing is cut on the command line).
+type ExecResult struct {
+	Sandbox     string `json:"sandbox"`
+	ExitCode    int    `json:"exit_code"`
+	Stdout      string `json:"stdout"`
+	Stderr      string `json:"stderr"`
+	StdoutBytes int64  `json:"stdout_bytes"`
+	StderrBytes int64  `json:"stderr_bytes"`
+	Signal      int    `json:"signal,omitempty"`
+	// Error is why the command could not run (e.g. not found), as the guest agent said.
+	Error string `json:"error,omitempty"`
+}
+
+// execJSON runs req with its output captured and prints it as ExecResult; it exits with the
+// command's status, as without --json) or ExitExecFailed when nexus failed.
+func execJSON(cmd *cobra.Command, req api.ExecRequest) error {
+	if err := checkEnv(req.Env); err != nil {
+		return execFailure{err}
+	}
+	c, _, err := dial(cmd)
+	if err != nil {
+		return execFailure{err}
+	}
+	var stdin io.Reader = strings.NewReader("")
+	if req.Stdin {
+		stdin = cmd.InOrStdin()
+	}
+	var out, errOut strings.Builder
+	exit, err := c.Run(cmd.Context(), req, api.IO{Stdin: stdin, Stdout: &out, Stderr: &errOut})
+	if err != nil {
+		return execFailure{err}
+	}
+	name, _ := api.ParseName(req.Name)
+	printJSON(cmd.OutOrStdout(), ExecResult{Sandbox: name, ExitCode: exit.Code, Stdout: out.String(), Stderr: errOut.String(),
+		StdoutBytes: int64(out.Len()), StderrBytes: int64(errOut.Len()), Signal: exit.Signal, Error: strings.TrimPrefix(exit.Error, "nexus: ")})
+	return ExitError{Code: exit.Code}
+}
+
 func attachCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "attach NAME",
-		Short: "Open an interactive shell in a sandbox",
-		Long:  "Open an interactive shell in a sandbox; nexus exits with the shell's status, or 125 when nexus itself failed.",
-		Args:  execArgs(cobra.ExactArgs(1)),
+		Use:     "attach NAME",
+		Short:   "Open an interactive shell in a sandbox",
+		Long:    "Open an interactive shell in a sandbox; nexus exits with the shell's status, or 125 when nexus itself failed.",
+		Example: "  nexus attach demo/t1",
+		Args:    execArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := refuseJSON(cmd, "it opens a shell on this terminal"); err != nil {
+				return execFailure{err}
+			}
 			req := api.ExecRequest{Name: args[0], Argv: []string{"/bin/sh", "-c", "exec $(command -v bash || echo /bin/sh) -l"}, TTY: true, Stdin: true,
 				Env: []string{"TERM=" + envOr("TERM", "xterm-256color")}}
 			return execIn(cmd, req)
@@ -98,12 +193,19 @@ func envOr(k, def string) string {
 	return def
 }
 
+func checkEnv(env []string) error {
+	for _, e := range env {
+		if !strings.Contains(e, "=") {
+			return usageError{fmt.Errorf("invalid -e %q: use KEY=VALUE", e)}
+		}
+	}
+	return nil
+}
+
 // runExec runs req and relays its I/O; it returns the guest command's exit status.
 func runExec(ctx context.Context, c *api.Client, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	for _, e := range req.Env {
-		if !strings.Contains(e, "=") {
-			return 0, usageError{fmt.Errorf("invalid -e %q: use KEY=VALUE", e)}
-		}
+	if err := checkEnv(req.Env); err != nil {
+		return 0, err
 	}
 	inFile, inIsFile := stdin.(*os.File)
 	isTerm := inIsFile && term.IsTerminal(int(inFile.Fd()))

@@ -118,7 +118,7 @@ func imageCommand() *cobra.Command {
 			if _, err := imageOp(cmd.Context(), c, vmmapi.ImageRequest{Op: "rm", Name: args[0]}); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s removed\n", args[0])
+			done(cmd, args[0], "removed", "%s removed\n", args[0])
 			return nil
 		},
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/signal"
 	"syscall"
@@ -25,6 +26,9 @@ func mcpCommand() *cobra.Command {
 			"so the server starts even before `nexus up`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if jsonOutput(cmd) {
+				return usageError{errors.New("mcp speaks the MCP protocol (JSON-RPC) on stdout: it has no --json output")}
+			}
 			level, _ := cmd.Flags().GetString("log-level")
 			if !cmd.Flags().Changed("log-level") {
 				level = "warn"

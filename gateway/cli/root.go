@@ -6,6 +6,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -128,20 +129,24 @@ func Execute(root *cobra.Command) int {
 	if !strings.HasPrefix(msg, "nexus") {
 		msg = "nexus: " + msg
 	}
-	fmt.Fprintln(os.Stderr, msg)
+	stderr := root.ErrOrStderr()
+	asJSON := jsonAsked(cmd, os.Args[1:])
+	if asJSON {
+		json.NewEncoder(stderr).Encode(errorJSON(err, msg))
+	} else {
+		fmt.Fprintln(stderr, msg)
+	}
 	var ue usageError
 	var se startupError
 	var ef execFailure
+	usage := errors.As(err, &ue) || isCobraUsage(err)
+	if usage && !asJSON {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+	}
 	switch {
 	case errors.As(err, &ef):
-		if errors.As(err, &ue) || isCobraUsage(err) {
-			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
-		}
 		return ExitExecFailed
-	case errors.As(err, &ue), errors.As(err, &se), errors.Is(err, errdefs.ErrInvalid), isCobraUsage(err):
-		if errors.As(err, &ue) || isCobraUsage(err) {
-			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
-		}
+	case usage, errors.As(err, &se), errors.Is(err, errdefs.ErrInvalid):
 		return 2
 	}
 	return 1

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -266,21 +265,29 @@ func applyCommand(use string, verb api.Lifecycle, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			asJSON := printedJSON(cmd, results)
 			failed := 0
-			for _, r := range results {
+			for i, r := range results {
 				if r.Error != "" {
 					failed++
-					fmt.Fprintf(os.Stderr, "nexus: %s\n", strings.TrimPrefix(r.Error, "nexus: "))
 					continue
 				}
-				if !asJSON {
-					state := string(r.State)
-					if verb == api.Remove {
-						state = "removed"
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", r.Name, state)
+				if verb == api.Remove {
+					results[i].State = "removed" // the record is gone: JSON says what the text says
 				}
+			}
+			asJSON := printedJSON(cmd, results)
+			for _, r := range results {
+				switch {
+				case r.Error != "" && asJSON:
+					json.NewEncoder(cmd.ErrOrStderr()).Encode(ErrorJSON{Error: ErrorBody{Code: r.Code, Message: strings.TrimPrefix(r.Error, "nexus: ")}})
+				case r.Error != "":
+					fmt.Fprintf(cmd.ErrOrStderr(), "nexus: %s\n", strings.TrimPrefix(r.Error, "nexus: "))
+				case !asJSON:
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", r.Name, r.State)
+				}
+			}
+			if len(results) == 0 && !asJSON {
+				fmt.Fprintf(cmd.ErrOrStderr(), "nexus: no sandbox matched -l %s: nothing to %s\n", strings.Join(sel, " -l "), use)
 			}
 			if failed > 0 {
 				for _, r := range results {

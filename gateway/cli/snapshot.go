@@ -76,7 +76,7 @@ func snapshotCommand() *cobra.Command {
 			if err := c.SnapshotRemove(ctx, args[0]); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s removed\n", args[0])
+			done(cmd, args[0], "removed", "snapshot %s removed\n", args[0])
 			return nil
 		},
 	}
@@ -151,7 +151,13 @@ func volumeCommand() *cobra.Command {
 			if err := c.VolumeRemove(cmd.Context(), api.VolumeRemoveRequest{Sandbox: args[0], Volume: args[1]}); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "volume %s of %s removed\n", args[1], args[0])
+			sb, err := api.ParseName(args[0])
+			if err != nil {
+				sb = args[0]
+			}
+			if !printedJSON(cmd, VolumeResult{Sandbox: sb, Volume: args[1], State: "removed"}) {
+				fmt.Fprintf(cmd.OutOrStdout(), "volume %s of %s removed\n", args[1], sb)
+			}
 			return nil
 		},
 	}
