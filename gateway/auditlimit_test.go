@@ -1,13 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/bus"
@@ -16,24 +14,11 @@ import (
 // TestAuditLimitedIsFlagged: a sandbox over its audit rate (its netstack wrote `suppressed`
 // summaries for it) is flagged in ps and egress show; the others are not.
 func TestAuditLimitedIsFlagged(t *testing.T) {
-	b := testutil.NewBus(t)
-	nc := b.Connect(t, bus.UserGateway)
-	startFakeServices(t, b.Connect(t, bus.UserAdmin))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg, err := NewRegistry(ctx, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
-	flood := &api.Sandbox{Name: "default/flood", Image: "nexus-mini", Host: bus.LocalHost}
-	quiet := &api.Sandbox{Name: "default/quiet", Image: "nexus-mini", Host: bus.LocalHost}
-	for _, sb := range []*api.Sandbox{flood, quiet} {
-		if err := reg.Create(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p, err := audit.NewPublisher(b.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(),
+	tg := newTestGateway(t)
+	ctx, g := tg.ctx, tg.Service
+	flood := tg.add(t, &api.Sandbox{Name: "default/flood"}, api.StateCreated)
+	quiet := tg.add(t, &api.Sandbox{Name: "default/quiet"}, api.StateCreated)
+	p, err := audit.NewPublisher(tg.bus.Connect(t, bus.UserNetstack), bus.UserNetstack, zerolog.Nop(),
 		audit.WithLimits(audit.Limits{Rate: 1, Burst: 1, Window: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)

@@ -1,53 +1,26 @@
 package gateway
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
-	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/bus"
 )
 
 // TestIdleSweep: a running sandbox with --idle-timeout and nothing going on is paused once the
 // timeout passes with the reason on its record; activity from a caller restarts the clock; an
 // exec resumes a sandbox that idleness paused. One without a timeout is never paused.
 func TestIdleSweep(t *testing.T) {
-	b := testutil.NewBus(t)
-	nc := b.Connect(t, bus.UserGateway)
-	startFakeServices(t, b.Connect(t, bus.UserAdmin))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg, err := NewRegistry(ctx, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop(), idle: &idleWatch{last: map[string]idleSample{}}}
+	tg := newTestGateway(t)
+	ctx, g := tg.ctx, tg.Service
+	g.idle = &idleWatch{last: map[string]idleSample{}}
 	add := func(name, idle string) *api.Sandbox {
-		sb := &api.Sandbox{Name: name, Image: "nexus-mini", Host: bus.LocalHost, IdleTimeout: idle, VCPUs: 1}
-		if err := reg.Create(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range []api.State{api.StateStarting, api.StateRunning} {
-			if err := reg.Transition(ctx, sb, s, "", nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return sb
+		return tg.add(t, &api.Sandbox{Name: name, IdleTimeout: idle, VCPUs: 1}, api.StateRunning)
 	}
 	idle := add("idle/box", "10s")
 	busy := add("idle/never", "")
-	state := func(sb *api.Sandbox) *api.Sandbox {
-		cur, err := reg.Get(ctx, sb.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cur
-	}
+	state := func(sb *api.Sandbox) *api.Sandbox { return tg.get(t, sb) }
 	start := time.Now()
 	g.sweepIdle(ctx, start.Add(-20*time.Second)) // first sight: the clock starts
 	g.touch(idle.ID)                             // an exec now

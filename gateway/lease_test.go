@@ -1,21 +1,13 @@
 package gateway
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
-
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
-	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 func TestDueForLeaseCheck(t *testing.T) {
@@ -44,74 +36,22 @@ func TestDueForLeaseCheck(t *testing.T) {
 	}
 }
 
-// fakeServices answers every vmm and perimeter request with ok and records the vmm removes.
-type fakeServices struct {
-	mu      sync.Mutex
-	removed []string
-}
-
-func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
-	t.Helper()
-	f := &fakeServices{}
-	ok, _ := bus.EncodeOK(struct{}{})
-	for _, subj := range []string{bus.VMMAPI.All(), bus.NetstackAPI.All(), bus.MITMAPI.All(), bus.CredAPI.All()} {
-		sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
-			if m.Subject == vmmapi.Remove.Subject(bus.LocalHost) {
-				f.mu.Lock()
-				f.removed = append(f.removed, string(m.Data))
-				f.mu.Unlock()
-			}
-			if m.Reply != "" {
-				m.Respond(ok)
-			}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sub.Unsubscribe() })
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
 // TestLeaseSweep runs the sweep against a real bus: the registry and nexus_leases (with its
 // real TTL) decide, and a lease is held by the CLI's bus user through the client API.
 func TestLeaseSweep(t *testing.T) {
-	b := testutil.NewBus(t)
-	nc := b.Connect(t, bus.UserGateway)
-	startFakeServices(t, b.Connect(t, bus.UserAdmin))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg, err := NewRegistry(ctx, nc)
+	tg := newTestGateway(t)
+	ctx, reg := tg.ctx, tg.reg
+	kv, err := bus.KV(ctx, tg.cfg.Bus, bus.KVLeases)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
-	kv, err := bus.KV(ctx, nc, bus.KVLeases)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &leaseWatchdog{ctx: ctx, since: time.Now(), g: g, kv: kv, active: map[string]bool{}}
+	w := &leaseWatchdog{ctx: ctx, since: time.Now(), g: tg.Service, kv: kv, active: map[string]bool{}}
 
 	start := time.Now()
 	add := func(name string, ephemeral bool, state api.State, startedAgo time.Duration) *api.Sandbox {
 		t.Helper()
 		reg.now = func() time.Time { return start.Add(-startedAgo) }
-		sb := &api.Sandbox{Name: name, Image: "nexus-mini", Ephemeral: ephemeral, Host: bus.LocalHost}
-		if err := reg.Create(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range []api.State{api.StateStarting, api.StateRunning} {
-			if err := reg.Transition(ctx, sb, s, "", nil); err != nil {
-				t.Fatal(err)
-			}
-			if s == state {
-				break
-			}
-		}
-		return sb
+		return tg.add(t, &api.Sandbox{Name: name, Ephemeral: ephemeral}, state)
 	}
 	lapsed := add("launch/lapsed", true, api.StateRunning, time.Minute)
 	held := add("launch/held", true, api.StateRunning, time.Minute)
@@ -120,18 +60,12 @@ func TestLeaseSweep(t *testing.T) {
 	kept := add("default/kept", false, api.StateRunning, time.Hour)
 	reg.now = time.Now
 
-	cli := api.NewClient(b.Connect(t, bus.UserCLI))
+	cli := api.NewClient(tg.bus.Connect(t, bus.UserCLI))
 	lease, err := cli.HoldLease(ctx, held.ID)
 	if err != nil {
 		t.Fatalf("the CLI user cannot hold a lease: %v", err)
 	}
-	exists := func(sb *api.Sandbox) bool {
-		_, err := reg.Get(ctx, sb.Name)
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	exists := func(sb *api.Sandbox) bool { return tg.exists(t, sb) }
 	sweep := func() {
 		w.sweep(ctx, start)
 		w.wg.Wait()

@@ -1,46 +1,22 @@
 package gateway
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/rs/zerolog"
-
-	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/bus"
 )
 
 // TestMetrics scrapes /metrics from a gateway on a real bus: the registry's sandboxes by state
 // and each running sandbox's figures, under the documented names.
 func TestMetrics(t *testing.T) {
-	b := testutil.NewBus(t)
-	nc := b.Connect(t, bus.UserGateway)
-	startFakeServices(t, b.Connect(t, bus.UserAdmin))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg, err := NewRegistry(ctx, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
-	for _, name := range []string{"m/one", "m/two"} {
-		sb := &api.Sandbox{Name: name, Image: "nexus-mini", Host: bus.LocalHost, MemoryMiB: 256}
-		if err := reg.Create(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-		if name == "m/one" {
-			for _, s := range []api.State{api.StateStarting, api.StateRunning} {
-				if err := reg.Transition(ctx, sb, s, "", nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
+	tg := newTestGateway(t)
+	ctx, g := tg.ctx, tg.Service
+	tg.add(t, &api.Sandbox{Name: "m/one", MemoryMiB: 256}, api.StateRunning)
+	tg.add(t, &api.Sandbox{Name: "m/two", MemoryMiB: 256}, api.StateCreated)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

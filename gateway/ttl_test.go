@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
 
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
@@ -20,37 +18,17 @@ import (
 // TestTTLSweep: a sandbox past its --ttl is removed whatever its state, with the reason on its
 // event stream; one with time left, or without a ttl, stays.
 func TestTTLSweep(t *testing.T) {
-	b := testutil.NewBus(t)
-	nc := b.Connect(t, bus.UserGateway)
-	fake := startFakeServices(t, b.Connect(t, bus.UserAdmin))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	reg, err := NewRegistry(ctx, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
-	kv, err := bus.KV(ctx, nc, bus.KVLeases)
+	tg := newTestGateway(t)
+	ctx, fake := tg.ctx, tg.fake
+	kv, err := bus.KV(ctx, tg.cfg.Bus, bus.KVLeases)
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	w := &leaseWatchdog{ctx: ctx, since: now.Add(-time.Hour), g: g, kv: kv, active: map[string]bool{}}
+	w := &leaseWatchdog{ctx: ctx, since: now.Add(-time.Hour), g: tg.Service, kv: kv, active: map[string]bool{}}
 	add := func(name string, expires time.Time, state api.State) *api.Sandbox {
 		t.Helper()
-		sb := &api.Sandbox{Name: name, Image: "nexus-mini", Host: bus.LocalHost, ExpiresAt: expires}
-		if err := reg.Create(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range []api.State{api.StateStarting, api.StateRunning, api.StateStopping, api.StateStopped} {
-			if err := reg.Transition(ctx, sb, s, "", nil); err != nil {
-				t.Fatal(err)
-			}
-			if s == state {
-				break
-			}
-		}
-		return sb
+		return tg.add(t, &api.Sandbox{Name: name, ExpiresAt: expires}, state)
 	}
 	expired := add("ttl/expired", now.Add(-time.Second), api.StateRunning)
 	stopped := add("ttl/stopped", now.Add(-time.Minute), api.StateStopped)
@@ -58,7 +36,7 @@ func TestTTLSweep(t *testing.T) {
 	never := add("ttl/never", time.Time{}, api.StateRunning)
 
 	events := make(chan api.Event, 16)
-	admin := b.Connect(t, bus.UserAdmin)
+	admin := tg.bus.Connect(t, bus.UserAdmin)
 	sub, err := admin.Subscribe(api.EventSubject(expired.ID), func(m *nats.Msg) {
 		var ev api.Event
 		if json.Unmarshal(m.Data, &ev) == nil {
@@ -73,13 +51,7 @@ func TestTTLSweep(t *testing.T) {
 
 	w.sweep(ctx, now)
 	w.wg.Wait()
-	exists := func(sb *api.Sandbox) bool {
-		_, err := reg.Get(ctx, sb.Name)
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	exists := func(sb *api.Sandbox) bool { return tg.exists(t, sb) }
 	for _, sb := range []*api.Sandbox{expired, stopped} {
 		if exists(sb) {
 			t.Errorf("%s is past its ttl and still exists", sb.Name)

@@ -1,0 +1,124 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/IniZio/nexus/internal/testutil"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// testGateway is a gateway Service over a real test bus with a real registry; the vmm and the
+// perimeter services are fakes that answer ok (fake records what they were asked).
+type testGateway struct {
+	*Service
+	bus  *testutil.Bus
+	ctx  context.Context
+	fake *fakeServices
+}
+
+func newTestGateway(t *testing.T) *testGateway {
+	t.Helper()
+	b := testutil.NewBus(t)
+	nc := b.Connect(t, bus.UserGateway)
+	fake := startFakeServices(t, b.Connect(t, bus.UserAdmin))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	reg, err := NewRegistry(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
+	return &testGateway{Service: g, bus: b, ctx: ctx, fake: fake}
+}
+
+// lifecycle is the order add walks a record through.
+var lifecycle = []api.State{api.StateStarting, api.StateRunning, api.StateStopping, api.StateStopped}
+
+// add records sb (host and image filled in when empty) and walks it through the lifecycle up
+// to state (api.StateCreated: not at all).
+func (tg *testGateway) add(t *testing.T, sb *api.Sandbox, state api.State) *api.Sandbox {
+	t.Helper()
+	if sb.Host == "" {
+		sb.Host = bus.LocalHost
+	}
+	if sb.Image == "" {
+		sb.Image = "nexus-mini"
+	}
+	if err := tg.reg.Create(tg.ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if state == api.StateCreated {
+		return sb
+	}
+	for _, s := range lifecycle {
+		if err := tg.reg.Transition(tg.ctx, sb, s, "", nil); err != nil {
+			t.Fatal(err)
+		}
+		if s == state {
+			return sb
+		}
+	}
+	t.Fatalf("add: %s is not a state of the lifecycle %v", state, lifecycle)
+	return nil
+}
+
+// get is the registry's current record of sb.
+func (tg *testGateway) get(t *testing.T, sb *api.Sandbox) *api.Sandbox {
+	t.Helper()
+	cur, err := tg.reg.Get(tg.ctx, sb.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cur
+}
+
+// exists says whether the registry still has a record named like sb.
+func (tg *testGateway) exists(t *testing.T, sb *api.Sandbox) bool {
+	t.Helper()
+	_, err := tg.reg.Get(tg.ctx, sb.Name)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// fakeServices answers every vmm and perimeter request with ok and records the vmm removes.
+type fakeServices struct {
+	mu      sync.Mutex
+	removed []string
+}
+
+func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
+	t.Helper()
+	f := &fakeServices{}
+	ok, _ := bus.EncodeOK(struct{}{})
+	for _, subj := range []string{bus.VMMAPI.All(), bus.NetstackAPI.All(), bus.MITMAPI.All(), bus.CredAPI.All()} {
+		sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
+			if m.Subject == vmmapi.Remove.Subject(bus.LocalHost) {
+				f.mu.Lock()
+				f.removed = append(f.removed, string(m.Data))
+				f.mu.Unlock()
+			}
+			if m.Reply != "" {
+				m.Respond(ok)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Unsubscribe() })
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
