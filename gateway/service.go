@@ -202,7 +202,7 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	if err := api.ValidateLabels(r.Labels); err != nil {
 		return nil, err
 	}
-	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, CPUs: r.CPUs,
+	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, CPUs: r.CPUs, DiskMiB: r.DiskMiB,
 		Agent: r.Agent, NoPortForward: r.NoPortForward, Ephemeral: r.Ephemeral, Host: g.cfg.Host}
 	if sb.Image == "" {
 		sb.Image = DefaultImage
@@ -223,6 +223,12 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		sb.VCPUs = DefaultVCPUs
 	case sb.VCPUs < 0 || sb.VCPUs > MaxVCPUs:
 		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
+	}
+	switch {
+	case sb.DiskMiB == 0:
+		sb.DiskMiB = api.DefaultDiskMiB
+	case sb.DiskMiB < 0 || sb.DiskMiB > api.MaxDiskMiB:
+		return nil, errdefs.Invalid("--disk %d MiB is out of range: at most %d MiB (%d TiB)", sb.DiskMiB, api.MaxDiskMiB, api.MaxDiskMiB>>20)
 	}
 	if sb.CPUs < 0 || sb.CPUs > MaxVCPUs || (sb.CPUs > 0 && sb.CPUs < 0.01) {
 		return nil, errdefs.Invalid("--cpus %g is out of range 0.01-%d", sb.CPUs, MaxVCPUs)
@@ -321,7 +327,7 @@ func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 	if err != nil {
 		return err
 	}
-	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, CPUs: sb.CPUs,
+	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, CPUs: sb.CPUs, DiskMiB: sb.DiskMiB,
 		Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward,
 		NetSocket: perim.netSocket, Env: perim.env, TrustCA: perim.trustCA}
 	for _, m := range sb.Mounts {

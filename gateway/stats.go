@@ -52,7 +52,7 @@ func (g *Service) stats(ctx context.Context, r api.StatsRequest) ([]api.SandboxS
 	for _, sb := range targets {
 		vi := vms[sb.ID]
 		st := api.SandboxStats{Name: sb.Name, ID: sb.ID, State: sb.State, Time: time.Now().UTC(),
-			CPUSeconds: vi.CPUSeconds, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, RSSBytes: vi.RSSBytes,
+			CPUSeconds: vi.CPUSeconds, VCPUs: sb.VCPUs, MemoryMiB: sb.MemoryMiB, GuestMemUsedBytes: vi.GuestMemUsedBytes, RSSBytes: vi.RSSBytes,
 			DiskUsedBytes: vi.DiskUsedBytes, DiskSizeBytes: vi.DiskSizeBytes, Execs: vi.Execs,
 			GuestCPUBusy: vi.GuestCPUBusy, GuestCPUTotal: vi.GuestCPUTotal}
 		if sb.Egress.Mode != "" && sb.Egress.Mode != api.EgressNone {

@@ -95,6 +95,7 @@ func createCommand() *cobra.Command {
 	f.StringVar(&r.Image, "image", "", "root image (nexus-base, nexus-mini, …)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
 	memoryFlag(f, &r.MemoryMiB)
+	diskFlag(f, &r.DiskMiB)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
 	f.Float64Var(&r.CPUs, "cpus", 0, "host CPU time the sandbox may use, in CPUs, fractional allowed (default: its vCPUs)")
 	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bytesize"
 )
@@ -63,4 +64,9 @@ func limitFlags(f *pflag.FlagSet, l *netapi.Limits) {
 // memoryFlag declares --memory on f, into p (MiB).
 func memoryFlag(f *pflag.FlagSet, p *int) {
 	f.Var(mibValue{p}, "memory", "memory: a size such as 512m or 4g, or plain MiB (default 1024 MiB)")
+}
+
+// diskFlag declares --disk on f, into p (MiB).
+func diskFlag(f *pflag.FlagSet, p *int) {
+	f.Var(mibValue{p}, "disk", fmt.Sprintf("root disk: a size such as 20g, or plain MiB; sparse, checked against the host's free space (default %dg)", api.DefaultDiskMiB>>10))
 }

@@ -22,7 +22,7 @@ func statsCommand() *cobra.Command {
 		Use:   "stats [NAME…]",
 		Short: "Show what running sandboxes use: CPU, memory, disk, network",
 		Long: "Show what running sandboxes use: the host CPU their VM took over the last " + statsInterval.String() +
-			" (100% is one core), guest memory and what the VM holds of the host's, root disk used on the host and its size, " +
+			" (100% is one core), memory the guest uses, its limit and what the VM holds of the host's, root disk used on the host and its size, " +
 			"bytes their NIC sent and received, and open connections. -f refreshes until interrupted; with --json each sample is one JSON array per line.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, _, err := dial(cmd)
@@ -89,10 +89,14 @@ func withCPUPercent(prev, cur []api.SandboxStats) {
 
 func printStats(cmd *cobra.Command, list []api.SandboxStats) {
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tCPU%\tMEMORY (HOST/GUEST)\tDISK (USED/SIZE)\tNET (OUT/IN)\tCONNS")
+	fmt.Fprintln(tw, "NAME\tSTATE\tCPU%\tMEMORY (GUEST USED/LIMIT/HOST RSS)\tDISK (USED/SIZE)\tNET (OUT/IN)\tCONNS")
 	for _, s := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%.1f%%\t%s / %dMiB\t%s / %s\t%s / %s\t%d\n", s.Name, s.State, s.CPUPercent,
-			human(uint64(s.RSSBytes)), s.MemoryMiB, human(uint64(s.DiskUsedBytes)), human(uint64(s.DiskSizeBytes)),
+		used := "-"
+		if s.GuestMemUsedBytes > 0 {
+			used = human(uint64(s.GuestMemUsedBytes))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f%%\t%s / %dMiB / %s\t%s / %s\t%s / %s\t%d\n", s.Name, s.State, s.CPUPercent,
+			used, s.MemoryMiB, human(uint64(s.RSSBytes)), human(uint64(s.DiskUsedBytes)), human(uint64(s.DiskSizeBytes)),
 			human(s.NetOutBytes), human(s.NetInBytes), s.Connections)
 	}
 	tw.Flush()

@@ -81,6 +81,10 @@ type Pong struct {
 	// load, whatever its emulation costs the host. Zero from an agent that predates them.
 	CPUBusy  uint64 `json:"cpu_busy,omitempty"`
 	CPUTotal uint64 `json:"cpu_total,omitempty"`
+	// MemUsed and MemTotal are the guest's memory in bytes, in use (MemTotal - MemAvailable of
+	// /proc/meminfo) and in all. Zero from an agent that predates them.
+	MemUsed  uint64 `json:"mem_used,omitempty"`
+	MemTotal uint64 `json:"mem_total,omitempty"`
 }
 
 // ConfigureRequest updates the guest; empty fields are left alone.

@@ -8,6 +8,7 @@ import (
 	"runtime"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
@@ -78,6 +79,31 @@ func (s *Service) admit(id string, memMiB, vcpus int) (release func(), err error
 		delete(s.reserved, id)
 		s.mu.Unlock()
 	}, nil
+}
+
+// admitDisk refuses a new root disk of diskMiB that the home's free space could not hold once
+// the guest filled it; a sandbox that already has its disk is not asked again.
+func (s *Service) admitDisk(id string, diskMiB int) error {
+	if diskMiB <= 0 {
+		return nil
+	}
+	if _, err := os.Stat(diskFile(s.cfg.Home.Sandbox(id))); err == nil {
+		return nil
+	}
+	sp, err := s.cfg.Home.Space()
+	if err != nil {
+		return err
+	}
+	return diskFits(s.cfg.Home.String(), sp, diskMiB)
+}
+
+// diskFits is the sentence refusing a diskMiB disk on a home with sp free, or nil.
+func diskFits(dir string, sp home.Space, diskMiB int) error {
+	if want := uint64(diskMiB) << 20; want > sp.Free {
+		return errdefs.Refused("not enough free disk for a %s root disk: %s has %s free of %s; ask for less --disk or free space there",
+			home.Bytes(want), dir, home.Bytes(sp.Free), home.Bytes(sp.Total))
+	}
+	return nil
 }
 
 // hostMemoryMiB is MemTotal from /proc/meminfo; 0 when it cannot be read (then nothing is

@@ -145,6 +145,7 @@ type boot struct {
 	env           map[string]string
 	image         string
 	memoryMiB     int
+	diskMiB       int
 	vcpus         int
 	cpus          float64
 	mounts        []api.Mount
@@ -176,7 +177,7 @@ type boot struct {
 func (s *Service) newBoot(r api.StartRequest) *boot {
 	return &boot{
 		s: s, id: r.ID, name: r.Name, hostname: r.Hostname, env: r.Env, image: r.Image,
-		memoryMiB: r.MemoryMiB, vcpus: r.VCPUs, cpus: r.CPUs, mounts: r.Mounts, volumes: r.Volumes,
+		memoryMiB: r.MemoryMiB, diskMiB: r.DiskMiB, vcpus: r.VCPUs, cpus: r.CPUs, mounts: r.Mounts, volumes: r.Volumes,
 		netSocket: r.NetSocket, noPortForward: r.NoPortForward, files: r.Files, trustCA: r.TrustCA,
 		progress: r.Progress,
 	}
@@ -292,7 +293,7 @@ func (b *boot) newDisk(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.image+"\n"), 0o600); err != nil {
 		return err
 	}
-	if err := image.NewOverlay(b.base, b.disk); err != nil {
+	if err := image.NewOverlaySized(b.base, b.disk, int64(b.diskMiB)<<20); err != nil {
 		return err
 	}
 	return os.Chmod(b.disk, 0o600) // the guest's disk: for this user only

@@ -165,6 +165,8 @@ type machine struct {
 	execs    atomic.Int32       // commands running in the guest (exec.go)
 	// cpuBusy and cpuTotal are the guest's CPU ticks from its last heartbeat (agentproto.Pong).
 	cpuBusy, cpuTotal atomic.Uint64
+	// memUsed is the guest's memory in use at its last heartbeat, in bytes.
+	memUsed atomic.Uint64
 }
 
 // get returns the machine of id with its agent: a VM being adopted is waited for, and one
@@ -244,6 +246,7 @@ loop:
 				missed = 0
 				m.cpuBusy.Store(pong.CPUBusy)
 				m.cpuTotal.Store(pong.CPUTotal)
+				m.memUsed.Store(pong.MemUsed)
 				continue
 			}
 			if ctx.Err() != nil {
@@ -314,7 +317,7 @@ func (s *Service) inspect(ctx context.Context, r api.IDRequest) (api.VMInfo, err
 func (s *Service) info(ctx context.Context, m *machine) api.VMInfo {
 	vi := api.VMInfo{ID: m.id, Running: !m.vm.Exited(), PID: m.vm.Pid(), Started: m.vm.Started(), RSSBytes: rss(m.vm.Pid()),
 		CPUSeconds: cpuSeconds(m.vm.Pid()), Execs: int(m.execs.Load()),
-		GuestCPUBusy: m.cpuBusy.Load(), GuestCPUTotal: m.cpuTotal.Load()}
+		GuestCPUBusy: m.cpuBusy.Load(), GuestCPUTotal: m.cpuTotal.Load(), GuestMemUsedBytes: int64(m.memUsed.Load())}
 	vi.DiskUsedBytes, vi.DiskSizeBytes = diskUsage(m.vm.Spec().Disk)
 	if paused, err := m.vm.Paused(ctx); err == nil && paused {
 		vi.Paused = true

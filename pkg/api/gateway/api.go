@@ -14,7 +14,8 @@ type CreateRequest struct {
 	Labels        map[string]string `json:"labels,omitempty"`
 	MemoryMiB     int               `json:"memory_mib,omitempty"`
 	VCPUs         int               `json:"vcpus,omitempty"`
-	CPUs          float64           `json:"cpus,omitempty"` // host CPU quota in CPUs (fractional); 0: vcpus
+	CPUs          float64           `json:"cpus,omitempty"`     // host CPU quota in CPUs (fractional); 0: vcpus
+	DiskMiB       int               `json:"disk_mib,omitempty"` // root disk size; 0: DefaultDiskMiB
 	Agent         string            `json:"agent,omitempty"`
 	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	AllowHosts    []string          `json:"allow_hosts,omitempty"`

@@ -103,27 +103,36 @@ type Volume struct {
 }
 
 // Sandbox is one record in the registry (KV nexus_sandboxes, key = Name).
+// DefaultDiskMiB is the root disk of a sandbox created without --disk (sparse: the host holds
+// only what the guest writes); MaxDiskMiB the largest one asked for.
+const (
+	DefaultDiskMiB = 8 << 10
+	MaxDiskMiB     = 4 << 20
+)
+
 type Sandbox struct {
-	ID            string            `json:"id"`
-	Name          string            `json:"name"` // project/name
-	Labels        map[string]string `json:"labels,omitempty"`
-	Image         string            `json:"image"`
-	MemoryMiB     int               `json:"memory_mib"`
-	VCPUs         int               `json:"vcpus"`
-	CPUs          float64           `json:"cpus,omitempty"` // host CPU quota; 0: VCPUs
-	Agent         string            `json:"agent"`
-	Egress        Egress            `json:"egress"`
-	Secrets       []SecretBinding   `json:"secrets,omitempty"`
-	Mounts        []Mount           `json:"mounts,omitempty"`
-	Volumes       []Volume          `json:"volumes,omitempty"`
-	NoPortForward bool              `json:"no_port_forward,omitempty"`
-	Ephemeral     bool              `json:"ephemeral,omitempty"` // removed when its lease lapses
-	State         State             `json:"state"`
-	Reason        string            `json:"reason,omitempty"` // why it failed
-	Host          string            `json:"host"`             // the machine it is placed on
-	CreatedAt     time.Time         `json:"created_at"`
-	UpdatedAt     time.Time         `json:"updated_at"`
-	StartedAt     time.Time         `json:"started_at,omitzero"`
+	ID        string            `json:"id"`
+	Name      string            `json:"name"` // project/name
+	Labels    map[string]string `json:"labels,omitempty"`
+	Image     string            `json:"image"`
+	MemoryMiB int               `json:"memory_mib"`
+	VCPUs     int               `json:"vcpus"`
+	CPUs      float64           `json:"cpus,omitempty"` // host CPU quota; 0: VCPUs
+	// DiskMiB is the root disk's size (--disk); 0 in a record from before it: the image's size.
+	DiskMiB       int             `json:"disk_mib,omitempty"`
+	Agent         string          `json:"agent"`
+	Egress        Egress          `json:"egress"`
+	Secrets       []SecretBinding `json:"secrets,omitempty"`
+	Mounts        []Mount         `json:"mounts,omitempty"`
+	Volumes       []Volume        `json:"volumes,omitempty"`
+	NoPortForward bool            `json:"no_port_forward,omitempty"`
+	Ephemeral     bool            `json:"ephemeral,omitempty"` // removed when its lease lapses
+	State         State           `json:"state"`
+	Reason        string          `json:"reason,omitempty"` // why it failed
+	Host          string          `json:"host"`             // the machine it is placed on
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	StartedAt     time.Time       `json:"started_at,omitzero"`
 	// ExpiresAt, when set (--ttl), is when the sandbox is removed.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// IdleTimeout, when set (--idle-timeout, a ParseLifetime value), is how long the sandbox

@@ -32,9 +32,12 @@ type SandboxStats struct {
 	// last heartbeat; zero from an older guest agent.
 	GuestCPUBusy  uint64 `json:"guest_cpu_busy,omitempty"`
 	GuestCPUTotal uint64 `json:"guest_cpu_total,omitempty"`
-	// MemoryMiB is the guest's memory; RSSBytes what its VM holds of the host's.
-	MemoryMiB int   `json:"memory_mib"`
-	RSSBytes  int64 `json:"rss_bytes"`
+	// MemoryMiB is the guest's memory (its limit); GuestMemUsedBytes what the guest uses of it
+	// (MemTotal - MemAvailable, zero from an older guest agent); RSSBytes what its VM holds of
+	// the host's.
+	MemoryMiB         int   `json:"memory_mib"`
+	GuestMemUsedBytes int64 `json:"guest_mem_used_bytes"`
+	RSSBytes          int64 `json:"rss_bytes"`
 	// DiskUsedBytes is what its root disk takes on the host; DiskSizeBytes what the guest sees.
 	DiskUsedBytes int64 `json:"disk_used_bytes"`
 	DiskSizeBytes int64 `json:"disk_size_bytes"`

@@ -54,12 +54,15 @@ type Mount struct {
 
 // StartRequest boots (or re-boots after a stop) the VM of one sandbox.
 type StartRequest struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name"`
-	Image     string            `json:"image"`
-	MemoryMiB int               `json:"memory_mib"`
-	VCPUs     int               `json:"vcpus"`
-	CPUs      float64           `json:"cpus,omitempty"` // host CPU quota in CPUs; 0: VCPUs
+	ID        string  `json:"id"`
+	Name      string  `json:"name"`
+	Image     string  `json:"image"`
+	MemoryMiB int     `json:"memory_mib"`
+	VCPUs     int     `json:"vcpus"`
+	CPUs      float64 `json:"cpus,omitempty"` // host CPU quota in CPUs; 0: VCPUs
+	// DiskMiB is the size of a new root disk (the overlay's virtual size, which the guest's root
+	// file system grows to); 0: the image's own size. An existing disk keeps its size.
+	DiskMiB   int               `json:"disk_mib,omitempty"`
 	Hostname  string            `json:"hostname"`
 	Env       map[string]string `json:"env,omitempty"` // applied to every exec; may hold placeholders
 	Mounts    []Mount           `json:"mounts,omitempty"`
@@ -119,6 +122,9 @@ type VMInfo struct {
 	// heartbeat (zero from an older agent): its own load, apart from what emulating it costs.
 	GuestCPUBusy  uint64 `json:"guest_cpu_busy,omitempty"`
 	GuestCPUTotal uint64 `json:"guest_cpu_total,omitempty"`
+	// GuestMemUsedBytes is the guest's memory in use (MemTotal - MemAvailable) at its last
+	// heartbeat; zero from an older agent.
+	GuestMemUsedBytes int64 `json:"guest_mem_used_bytes,omitempty"`
 	// Execs counts the commands running in the guest now.
 	Execs int `json:"execs,omitempty"`
 	// DiskUsedBytes is what the root disk's overlay takes on the host; DiskSizeBytes the size

@@ -44,3 +44,42 @@ func parseCPULine(line string) (busy, total uint64) {
 	}
 	return busy, total
 }
+
+// memUsed reads /proc/meminfo: the bytes in use (MemTotal - MemAvailable, what `free` calls
+// used plus what the kernel cannot reclaim) and MemTotal; zeros when it cannot be read.
+func memUsed() (used, total uint64) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0
+	}
+	return parseMeminfo(string(b))
+}
+
+func parseMeminfo(s string) (used, total uint64) {
+	var avail uint64
+	var haveAvail bool
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "MemTotal":
+			total = n << 10
+		case "MemAvailable":
+			avail, haveAvail = n<<10, true
+		}
+	}
+	if total == 0 || !haveAvail || avail > total {
+		return 0, total
+	}
+	return total - avail, total
+}

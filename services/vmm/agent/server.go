@@ -263,6 +263,7 @@ func (s *Server) replyErr(w io.Writer, err error) {
 
 func (s *Server) pong() *agentproto.Pong {
 	busy, total := cpuTicks()
+	memUsed, memTotal := memUsed()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return &agentproto.Pong{
@@ -276,6 +277,8 @@ func (s *Server) pong() *agentproto.Pong {
 		BootErrors: s.cfg.BootErrors,
 		CPUBusy:    busy,
 		CPUTotal:   total,
+		MemUsed:    memUsed,
+		MemTotal:   memTotal,
 	}
 }
 

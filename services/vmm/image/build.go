@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/IniZio/nexus/pkg/errdefs"
@@ -328,7 +329,11 @@ func makeExt4(ctx context.Context, root, img, label string) (int64, error) {
 
 // NewOverlay creates a qcow2 overlay at path backed by base (a raw image), for one sandbox.
 // QEMU opens the backing file read-only, so many sandboxes share one base.
-func NewOverlay(base, path string) error {
+func NewOverlay(base, path string) error { return NewOverlaySized(base, path, 0) }
+
+// NewOverlaySized is NewOverlay with a virtual size of size bytes (0: the base's): the most the
+// guest's disk can ever hold. A size below the base's is refused, it would cut its file system.
+func NewOverlaySized(base, path string, size int64) error {
 	if !filepath.IsAbs(base) {
 		return errdefs.Invalid("overlay: base image path %q must be absolute", base)
 	}
@@ -338,7 +343,18 @@ func NewOverlay(base, path string) error {
 	if err := needTools("qemu-img"); err != nil {
 		return err
 	}
-	if err := run(context.Background(), "", "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, path); err != nil {
+	args := []string{"create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, path}
+	if size > 0 {
+		fi, err := os.Stat(base)
+		if err != nil {
+			return err
+		}
+		if size < fi.Size() {
+			return errdefs.Invalid("a %d MiB disk is smaller than the image's %d MiB file system: ask for at least that", size>>20, (fi.Size()+1<<20-1)>>20)
+		}
+		args = append(args, strconv.FormatInt(size, 10))
+	}
+	if err := run(context.Background(), "", "qemu-img", args...); err != nil {
 		return fmt.Errorf("overlay %s: %w", path, err)
 	}
 	return nil

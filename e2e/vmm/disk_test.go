@@ -1,0 +1,76 @@
+package vmm_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IniZio/nexus/internal/testutil"
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+)
+
+// --disk sizes the root disk: the guest's root file system grows to it (df), the record and
+// nexus stats carry it, and a disk the host's free space could not hold is refused with the
+// numbers before anything boots. The same guest reports the memory it uses.
+func TestDiskSizeAndGuestMemory(t *testing.T) {
+	_, errOut, code := stack.Nexus(t, "create", "disk/huge", "--image", "nexus-mini", "--memory", "256m", "--disk", "3t")
+	if code != 1 || !strings.Contains(errOut, "not enough free disk for a 3072.0 GiB root disk: ") || !strings.Contains(errOut, "ask for less --disk") {
+		t.Errorf("create --disk 3t: exit %d, %q; want a refusal giving the free space", code, errOut)
+	}
+	if out := stack.MustNexus(t, "ps", "-a"); strings.Contains(out, "disk/huge") {
+		t.Errorf("a refused create left a record:\n%s", out)
+	}
+
+	create(t, "disk/box", "--disk", "3g")
+	if s := sandbox(t, "disk/box"); s.DiskMiB != 3072 {
+		t.Errorf("ps --json: disk_mib %d, want 3072", s.DiskMiB)
+	}
+	// df -k /: the last line's second field is the file system's size in KiB. The guest grows
+	// it online, beside its boot.
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		out := stack.MustNexus(t, "exec", "disk/box", "--", "df", "-k", "/")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		f := strings.Fields(lines[len(lines)-1])
+		if len(f) < 2 {
+			t.Fatalf("df: %q", out)
+		}
+		kib, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			t.Fatalf("df: %q: %v", out, err)
+		}
+		if kib > 3<<20 {
+			t.Fatalf("the guest's root file system is %d KiB, more than its 3 GiB disk:\n%s", kib, out)
+		}
+		if kib < 2800<<10 {
+			return fmt.Errorf("the guest's root file system is %d KiB on a 3 GiB disk, want it grown to nearly 3 GiB:\n%s", kib, out)
+		}
+		return nil
+	})
+
+	// The guest's memory comes with its heartbeat (every 5 s).
+	var st api.SandboxStats
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		raw := stack.MustNexus(t, "stats", "disk/box", "--json")
+		var list []api.SandboxStats
+		if err := json.Unmarshal([]byte(raw), &list); err != nil || len(list) != 1 {
+			t.Fatalf("stats --json: %v: %s", err, raw)
+		}
+		if st = list[0]; st.GuestMemUsedBytes == 0 {
+			return errors.New("no guest memory figure yet")
+		}
+		return nil
+	})
+	if st.DiskSizeBytes != 3<<30 || st.DiskUsedBytes <= 0 || st.DiskUsedBytes > st.DiskSizeBytes {
+		t.Errorf("stats disk used/size %d/%d, want x/%d", st.DiskUsedBytes, st.DiskSizeBytes, int64(3<<30))
+	}
+	if st.GuestMemUsedBytes <= 0 || st.GuestMemUsedBytes >= 256<<20 {
+		t.Errorf("stats guest memory used %d of a 256 MiB guest", st.GuestMemUsedBytes)
+	}
+	if out := stack.MustNexus(t, "stats", "disk/box"); !strings.Contains(out, "GUEST USED/LIMIT/HOST RSS") || !strings.Contains(out, "/ 3.0GiB") {
+		t.Errorf("stats table:\n%s", out)
+	}
+}
