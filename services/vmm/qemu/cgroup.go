@@ -27,8 +27,9 @@ import (
 // recorded in vm.json so a restarted vmm finds and removes them, and it is removed once QEMU has
 // exited. A host where no controller is usable runs QEMU without one.
 
-// cgroupRoot is where v1 hierarchies and the v2 one are looked for.
-const cgroupRoot = "/sys/fs/cgroup"
+// cgroupRoot is where v1 hierarchies and the v2 one are looked for (a variable for the tests of
+// the v2 limits, which this host's v1 controllers cannot run for real).
+var cgroupRoot = "/sys/fs/cgroup"
 
 // Memory QEMU needs beyond the guest's RAM, measured here with QEMU 7.2 (nexus-mini, 256 MiB
 // guest, boot plus a busy exec: see TestCgroupLimits). Under TCG most of it is the translated
@@ -86,6 +87,24 @@ func (d *Driver) limitsFor(spec *VMSpec, accel string) cgroupLimits {
 		l.dev = &[2]int64{int64(unix.Major(st.Dev)), int64(unix.Minor(st.Dev))}
 	}
 	return l
+}
+
+// ioMax is the v2 io.max lines of l: each direction's bytes and operations per second on the
+// disk's device.
+func (l cgroupLimits) ioMax() []cgroup2.Entry {
+	var out []cgroup2.Entry
+	if l.dev == nil {
+		return nil
+	}
+	for _, t := range []struct {
+		typ  cgroup2.IOType
+		rate uint64
+	}{{cgroup2.ReadBPS, l.bps}, {cgroup2.WriteBPS, l.bps}, {cgroup2.ReadIOPS, l.iops}, {cgroup2.WriteIOPS, l.iops}} {
+		if t.rate > 0 {
+			out = append(out, cgroup2.Entry{Type: t.typ, Major: l.dev[0], Minor: l.dev[1], Rate: t.rate})
+		}
+	}
+	return out
 }
 
 // cgroupName is the VM's cgroup name: its id and a hash of its directory (two homes, as tests
@@ -167,18 +186,7 @@ func newCgroup(name string, l cgroupLimits) (*vmCgroup, error) {
 			}
 		case "io":
 			if h == "v2" {
-				io := &cgroup2.IO{}
-				if l.dev != nil {
-					for _, t := range []struct {
-						typ  cgroup2.IOType
-						rate uint64
-					}{{cgroup2.ReadBPS, l.bps}, {cgroup2.WriteBPS, l.bps}, {cgroup2.ReadIOPS, l.iops}, {cgroup2.WriteIOPS, l.iops}} {
-						if t.rate > 0 {
-							io.Max = append(io.Max, cgroup2.Entry{Type: t.typ, Major: l.dev[0], Minor: l.dev[1], Rate: t.rate})
-						}
-					}
-				}
-				v2res.IO = io
+				v2res.IO = &cgroup2.IO{Max: l.ioMax()}
 			} else {
 				v1subs = append(v1subs, cgroup1.NewBlkio(cgroupRoot))
 				bio := &specs.LinuxBlockIO{}
