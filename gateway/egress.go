@@ -200,6 +200,9 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 		if arg != "" {
 			return nil, errdefs.Invalid("invalid --egress %q: none takes no duration", r.EgressMode)
 		}
+		if len(r.AllowHosts) > 0 || len(r.Repos) > 0 || len(r.AllowPrivate) > 0 {
+			return nil, errdefs.Invalid("--egress none contradicts --allow-host, --repo and --allow-private: a sandbox without egress reaches nothing (drop them, or use --egress curated)")
+		}
 		p.egress.Mode = api.EgressNone
 		p.secrets = nil
 	case api.EgressAllowAll:

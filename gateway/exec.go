@@ -30,6 +30,9 @@ func (g *Service) running(ctx context.Context, name string) (*api.Sandbox, error
 	if sb.State == api.StateRunning {
 		g.touch(sb.ID)
 	}
+	if sb.State == api.StatePaused {
+		return nil, errdefs.Conflict("sandbox %s is paused: resume it with `nexus resume %s`", sb.Name, sb.Name)
+	}
 	if sb.State != api.StateRunning {
 		return nil, errdefs.Conflict("sandbox %s is %s, not running: start it with `nexus start %s`", sb.Name, sb.State, sb.Name)
 	}

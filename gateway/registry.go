@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -84,7 +85,7 @@ func (r *Registry) Get(ctx context.Context, name string) (*api.Sandbox, error) {
 	cancel()
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, errdefs.NotFound("no sandbox named %s", name)
+			return nil, errdefs.NotFound("no sandbox named %s%s", name, r.didYouMean(ctx, name))
 		}
 		return nil, fmt.Errorf("registry: get %s: %w", name, bus.StoreError(err, r.home))
 	}
@@ -94,6 +95,32 @@ func (r *Registry) Get(ctx context.Context, name string) (*api.Sandbox, error) {
 	}
 	sb.Revision = e.Revision()
 	return &sb, nil
+}
+
+// didYouMean names the sandboxes of other projects with the same short name as a missing
+// one ("; did you mean demo/t1?"), or nothing.
+func (r *Registry) didYouMean(ctx context.Context, name string) string {
+	_, short, ok := strings.Cut(name, "/")
+	if !ok {
+		return ""
+	}
+	kctx, cancel := bus.StoreContext(ctx)
+	defer cancel()
+	lister, err := r.kv.ListKeys(kctx)
+	if err != nil {
+		return ""
+	}
+	defer lister.Stop()
+	var near []string
+	for key := range lister.Keys() {
+		if _, s, _ := strings.Cut(key, "/"); s == short && key != name && len(near) < 3 {
+			near = append(near, key)
+		}
+	}
+	if len(near) == 0 {
+		return ""
+	}
+	return "; did you mean " + strings.Join(near, " or ") + "?"
 }
 
 // List returns the records matching sel, sorted by name.

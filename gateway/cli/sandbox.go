@@ -172,9 +172,9 @@ func psCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tIMAGE\tAGENT\tEGRESS\tMEMORY\tLABELS\tAGE\tHOST")
+			fmt.Fprintln(tw, "NAME\tSTATE\tIMAGE\tAGENT\tEGRESS\tMEMORY (RSS/LIMIT)\tLABELS\tAGE\tHOST")
 			for _, s := range list {
-				mem := fmt.Sprintf("%dMiB", s.MemoryMiB)
+				mem := fmt.Sprintf("-/%dMiB", s.MemoryMiB) // not running: no resident memory
 				if s.RSSBytes > 0 {
 					mem = fmt.Sprintf("%dMiB/%dMiB", s.RSSBytes>>20, s.MemoryMiB)
 				}

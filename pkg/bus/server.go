@@ -157,7 +157,7 @@ func ReadURL(h home.Dir, port int) (string, error) {
 		port = DefaultPort
 	}
 	b, err := os.ReadFile(urlPath(h))
-	if err == nil {
+	if err == nil && busRunning(h) {
 		if u := strings.TrimSpace(string(b)); u != "" {
 			return u, nil
 		}
@@ -165,12 +165,35 @@ func ReadURL(h home.Dir, port int) (string, error) {
 	return fmt.Sprintf("nats://127.0.0.1:%d", port), err
 }
 
+// busRunning reports whether a bus holds the lock of h: the URL a bus killed before it could
+// remove it is stale and names a port another stack may own by now.
+func busRunning(h home.Dir) bool {
+	f, err := os.Open(filepath.Join(h.Bus(), "bus.lock"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) != nil {
+		return true // held exclusively: a bus runs
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
 func lockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	// A client checking for a running bus (busRunning) holds the lock shared for an instant.
+	for try := 0; ; try++ {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil || try == 20 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
 		f.Close()
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"syscall"
@@ -74,13 +75,14 @@ func NewGuardian(cfg GuardianConfig) (*Guardian, error) {
 }
 
 // Run checks the file now and then every PollInterval until ctx ends. A failed check is logged
-// and retried at the next tick.
+// (once while it keeps failing the same way) and retried at the next tick.
 func (g *Guardian) Run(ctx context.Context) error {
 	t := time.NewTicker(g.cfg.PollInterval)
 	defer t.Stop()
+	last := ""
 	for {
-		if _, err := g.Check(ctx); err != nil && ctx.Err() == nil {
-			g.log.Warn().Str("path", g.cfg.CredentialsPath).Str("error", err.Error()).Msg("credential refresh failed")
+		if _, err := g.Check(ctx); ctx.Err() == nil {
+			last = g.report(err, last)
 		}
 		select {
 		case <-ctx.Done():
@@ -88,6 +90,24 @@ func (g *Guardian) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// report logs the outcome of a check unless it is the failure last logged, and returns what to
+// pass next time. No credentials file means the user is not logged in to Claude: said once, at
+// info, not a failure every minute.
+func (g *Guardian) report(err error, last string) string {
+	if err == nil {
+		return ""
+	}
+	if msg := err.Error(); msg == last {
+		return last
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		g.log.Info().Str("path", g.cfg.CredentialsPath).Msg("no Claude credentials (not logged in to Claude?): nothing to refresh until they appear")
+	} else {
+		g.log.Warn().Str("path", g.cfg.CredentialsPath).Str("error", err.Error()).Msg("credential refresh failed")
+	}
+	return err.Error()
 }
 
 // oauthCreds is the part of the credentials file the guardian reads.
