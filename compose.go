@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -150,8 +151,11 @@ func run[C any, S runner](ctx context.Context, newService func(C) (S, error), cf
 	return s.Run(ctx)
 }
 
-// serviceNames is every name `nexus serve` accepts, the bus first.
+// serviceNames is every service, the bus first.
 func serviceNames() []string { return bus.Services }
+
+// serveNames is every name `nexus serve` accepts: the services and the HTTP API.
+func serveNames() []string { return append(slices.Clone(serviceNames()), apiName) }
 
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -194,6 +198,10 @@ func upCommand() *cobra.Command {
 			if err := registerBus(gctx, srv, g); err != nil {
 				return cli.StartupError(err)
 			}
+			if g.Settings.APIAddr != "" {
+				grp.Go(func() error { return runAPI(gctx, g, srv.URL()) })
+				names = append(names, apiName)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "nexus %s up: bus %s, services %s (host %s), state in %s\n",
 				version.Version, srv.URL(), strings.Join(names, " "), g.Settings.Host, g.Home)
 			err = grp.Wait()
@@ -230,10 +238,10 @@ func registerBus(ctx context.Context, srv *bus.Server, g *cli.Global) error {
 func serveCommand() *cobra.Command {
 	var wait time.Duration
 	cmd := &cobra.Command{
-		Use:       "serve <" + strings.Join(serviceNames(), "|") + ">",
+		Use:       "serve <" + strings.Join(serveNames(), "|") + ">",
 		Short:     "Run one service in this process (the Procfile runs one per service)",
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: serviceNames(),
+		ValidArgs: serveNames(),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			g, err := stackGlobals(cmd)
 			if err != nil {
@@ -255,6 +263,13 @@ func serveCommand() *cobra.Command {
 				<-ctx.Done()
 				return nil
 			}
+			if name == apiName {
+				err := runAPI(ctx, g, "")
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
 			var c *component
 			for _, cc := range components() {
 				if cc.name == name {
@@ -262,7 +277,7 @@ func serveCommand() *cobra.Command {
 				}
 			}
 			if c == nil {
-				return errdefs.Invalid("unknown service %q: use one of %s", name, strings.Join(serviceNames(), ", "))
+				return errdefs.Invalid("unknown service %q: use one of %s", name, strings.Join(serveNames(), ", "))
 			}
 			nc, err := connectWaiting(ctx, g, c.name, wait)
 			if err != nil {

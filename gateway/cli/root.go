@@ -65,7 +65,7 @@ func NewRoot() *cobra.Command {
 		// images, secrets and the perimeter
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
-		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(),
+		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(), tokenCommand(),
 		versionCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)

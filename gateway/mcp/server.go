@@ -35,6 +35,9 @@ type Config struct {
 	Log  zerolog.Logger
 	// Version is reported to clients in the initialize handshake.
 	Version string
+	// Authorize, when set, is asked before every tool call (the HTTP API checks the caller's
+	// token scope); its error is the tool's error.
+	Authorize func(ctx context.Context, tool string, req mcpgo.CallToolRequest) error
 }
 
 // Server is the MCP server.
@@ -159,7 +162,14 @@ func (e *toolError) Error() string { return e.msg }
 func (s *Server) wrap(name string, fn handlerFunc) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 		start := time.Now()
-		out, err := fn(ctx, req)
+		var out any
+		var err error
+		if s.cfg.Authorize != nil {
+			err = s.cfg.Authorize(ctx, name, req)
+		}
+		if err == nil {
+			out, err = fn(ctx, req)
+		}
 		if err != nil {
 			msg := oneLine(err.Error())
 			s.log.Info().Str("tool", name).Str("error", msg).Dur("took", time.Since(start)).Msg("tool failed")

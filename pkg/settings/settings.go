@@ -76,7 +76,16 @@ type Values struct {
 	ExtraCA         string
 	ExtraRoots      []*x509.Certificate
 	MinFreeDisk     home.Watermark
+
+	// APIAddr is where the HTTP API listens (gateway/httpapi); empty: `nexus up` serves none and
+	// `nexus serve api` its default. APITLSCert and APITLSKey are the certificate it serves.
+	APIAddr    string
+	APITLSCert string
+	APITLSKey  string
 }
+
+// DefaultAPIAddr is where `nexus serve api` listens without --api.
+const DefaultAPIAddr = "127.0.0.1:7477"
 
 // Table is every setting, in the order --help lists them.
 var Table = []Setting{
@@ -147,6 +156,26 @@ var Table = []Setting{
 			v.MetricsAddr = net.JoinHostPort(host, port)
 			return nil
 		}},
+	{Flag: "api", Env: "NEXUS_API", Arg: "[host]:port", Scope: Stack,
+		Help:  "serve the HTTP API (and MCP at /mcp) at ADDR; beyond loopback only with --api-tls-cert and --api-tls-key (a bare :port is 127.0.0.1)",
+		Unset: "off for `nexus up`, " + DefaultAPIAddr + " for `nexus serve api`",
+		set: func(v *Values, s string) error {
+			host, port, err := net.SplitHostPort(s)
+			if err != nil {
+				return fmt.Errorf("%q is not [host]:port", s)
+			}
+			if host == "" {
+				host = "127.0.0.1"
+			}
+			v.APIAddr = net.JoinHostPort(host, port)
+			return nil
+		}},
+	{Flag: "api-tls-cert", Env: "NEXUS_API_TLS_CERT", Arg: "file", Scope: Stack,
+		Help: "PEM certificate (chain) the HTTP API serves; with --api-tls-key",
+		set:  text(func(v *Values) *string { return &v.APITLSCert }, nil, "")},
+	{Flag: "api-tls-key", Env: "NEXUS_API_TLS_KEY", Arg: "file", Scope: Stack,
+		Help: "PEM private key of --api-tls-cert",
+		set:  text(func(v *Values) *string { return &v.APITLSKey }, nil, "")},
 	{Flag: "memory-share", Env: "NEXUS_MEMORY_SHARE", Default: "90%", Arg: "share", Scope: Stack,
 		Help: "part of host memory the sandboxes of this host may take together, QEMU overhead included (a fraction or a percentage); a create past it is refused",
 		set: func(v *Values, s string) error {
