@@ -19,6 +19,7 @@ import (
 
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/services/vmm/guest"
 	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/initramfs"
@@ -149,7 +150,9 @@ func netSandbox(b *testing.B, name string) shell {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // may build nexus-base
 	defer cancel()
 	sb, err := client.Create(ctx, api.CreateRequest{Name: name, Image: image.Base, MemoryMiB: netMemMiB, VCPUs: 1,
-		AllowHosts: []string{fmt.Sprintf("%s:%d", netHost, netPort)}, Labels: map[string]string{"nexus-test": "1"}})
+		AllowHosts: []string{fmt.Sprintf("%s:%d", netHost, netPort)}, Labels: map[string]string{"nexus-test": "1"},
+		// The data path is measured, not the default ingress budget (100 MiB/s).
+		Limits: netapi.Limits{IngressBandwidth: 1 << 40}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -284,8 +284,8 @@ func egressCommand() *cobra.Command {
 			fmt.Fprintf(w, "network:  %s (guest %s, gateway/dns %s), %d allowed, %d denied\n", v.Network.EffectiveMode, v.Network.GuestIP, v.Network.GatewayIP,
 				v.Network.Counters.Allowed, v.Network.Counters.Denied)
 			if l := v.Network.Limits; l.MaxConns > 0 {
-				fmt.Fprintf(w, "limits:   %d connections, %d new/s, %d dns/s, %d KiB/s out; %d open, %d held back\n", l.MaxConns, l.ConnRate, l.DNSRate,
-					l.EgressBandwidth>>10, v.Network.Counters.Flows, v.Network.Counters.Limited)
+				fmt.Fprintf(w, "limits:   %d connections, %d new/s, %d dns/s, %d KiB/s out, %d KiB/s in; %d open, %d held back\n", l.MaxConns, l.ConnRate, l.DNSRate,
+					l.EgressBandwidth>>10, l.IngressBandwidth>>10, v.Network.Counters.Flows, v.Network.Counters.Limited)
 			}
 			if len(v.Network.DNS) > 0 {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -59,6 +59,7 @@ func limitFlags(f *pflag.FlagSet, l *netapi.Limits) {
 	f.IntVar(&l.ConnRate, "conn-rate", 0, fmt.Sprintf("egress: most new connections per second (default %d)", d.ConnRate))
 	f.IntVar(&l.DNSRate, "dns-rate", 0, fmt.Sprintf("egress: most DNS queries per second (default %d)", d.DNSRate))
 	f.Var(bytesValue{&l.EgressBandwidth}, "egress-bandwidth", fmt.Sprintf("egress: most bytes sent out per second, a size such as 10m (default %dm)", d.EgressBandwidth>>20))
+	f.Var(bytesValue{&l.IngressBandwidth}, "ingress-bandwidth", fmt.Sprintf("most bytes per second the guest receives from outside, a size such as 10m (default %dm)", d.IngressBandwidth>>20))
 }
 
 // memoryFlag declares --memory on f, into p (MiB).

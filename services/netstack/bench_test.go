@@ -81,7 +81,7 @@ func ourNetstack(b *testing.B, serverAddr string) benchTarget {
 		Policy: netstackapi.Policy{Mode: netstackapi.ModeCurated, Allow: rules(b, "bench.test:"+port)},
 		// The benchmarks measure the data path, not the budgets: connect and throughput run far
 		// past a sandbox's default connection rate and bandwidth.
-		Limits: netstackapi.Limits{ConnRate: 1 << 20, EgressBandwidth: 1 << 40},
+		Limits: netstackapi.Limits{ConnRate: 1 << 20, EgressBandwidth: 1 << 40, IngressBandwidth: 1 << 40},
 	}); err != nil {
 		b.Fatal(err)
 	}

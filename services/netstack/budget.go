@@ -19,23 +19,25 @@ import (
 // Audit rules of the egress budgets (netstackapi.Limits), one event per rule and limitWindow
 // with the count of hits in its reason.
 const (
-	RuleMaxConns        = "max_conns"        // a new flow past the concurrent-connection cap: refused
-	RuleConnRate        = "conn_rate"        // a new flow past the connections-per-second bucket: refused
-	RuleDNSRate         = "dns_rate"         // a query past the queries-per-second bucket: REFUSED
-	RuleEgressBandwidth = "egress_bandwidth" // a write past the bandwidth bucket: delayed (allow)
+	RuleMaxConns         = "max_conns"         // a new flow past the concurrent-connection cap: refused
+	RuleConnRate         = "conn_rate"         // a new flow past the connections-per-second bucket: refused
+	RuleDNSRate          = "dns_rate"          // a query past the queries-per-second bucket: REFUSED
+	RuleEgressBandwidth  = "egress_bandwidth"  // a write out past the bandwidth bucket: delayed (allow)
+	RuleIngressBandwidth = "ingress_bandwidth" // a write to the guest past its bucket: delayed (allow)
 )
 
 // limitWindow is how often hits of one budget are audited.
 const limitWindow = time.Second
 
-// budget is one network's egress budgets: token buckets for new flows, DNS queries and bytes
-// sent, and a count of open flows.
+// budget is one network's egress budgets: token buckets for new flows, DNS queries, bytes sent
+// and bytes received, and a count of open flows.
 type budget struct {
 	lim     netstackapi.Limits
 	open    atomic.Int64 // flows admitted and not yet ended
 	flows   *rate.Limiter
 	dns     *rate.Limiter
 	egress  *rate.Limiter
+	ingress *rate.Limiter
 	limited atomic.Uint64
 
 	mu   sync.Mutex
@@ -52,11 +54,12 @@ type limitHits struct {
 func newBudget(l netstackapi.Limits) *budget {
 	l = l.WithDefaults()
 	return &budget{
-		lim:    l,
-		flows:  rate.NewLimiter(rate.Limit(l.ConnRate), l.ConnRate),
-		dns:    rate.NewLimiter(rate.Limit(l.DNSRate), l.DNSRate),
-		egress: rate.NewLimiter(rate.Limit(l.EgressBandwidth), egressBurst(l.EgressBandwidth)),
-		hits:   map[string]*limitHits{},
+		lim:     l,
+		flows:   rate.NewLimiter(rate.Limit(l.ConnRate), l.ConnRate),
+		dns:     rate.NewLimiter(rate.Limit(l.DNSRate), l.DNSRate),
+		egress:  rate.NewLimiter(rate.Limit(l.EgressBandwidth), egressBurst(l.EgressBandwidth)),
+		ingress: rate.NewLimiter(rate.Limit(l.IngressBandwidth), egressBurst(l.IngressBandwidth)),
+		hits:    map[string]*limitHits{},
 	}
 }
 
@@ -93,17 +96,27 @@ func (n *network) refuseDNS(w dns.ResponseWriter, req *dns.Msg, ev audit.Event) 
 	n.limitHit(RuleDNSRate, audit.Event{Layer: ev.Layer, Proto: ev.Proto, IP: ev.IP, Port: ev.Port}, 0)
 }
 
-// waitEgress holds a write of k bytes (k ≤ the burst) to the bandwidth budget.
+// waitEgress holds a write of k bytes (k ≤ the burst) out to the egress bandwidth budget.
 func (n *network) waitEgress(k int, proto string) error {
-	r := n.budget.egress.ReserveN(time.Now(), k)
+	return n.waitBytes(n.budget.egress, RuleEgressBandwidth, k, proto)
+}
+
+// waitIngress holds a write of k bytes (k ≤ the burst) to the guest to the ingress budget.
+func (n *network) waitIngress(k int, proto string) error {
+	return n.waitBytes(n.budget.ingress, RuleIngressBandwidth, k, proto)
+}
+
+// waitBytes holds a write of k bytes (k ≤ the burst) to bucket l, counting a delay under rule.
+func (n *network) waitBytes(l *rate.Limiter, rule string, k int, proto string) error {
+	r := l.ReserveN(time.Now(), k)
 	if !r.OK() {
-		return errors.New("egress write larger than the bandwidth burst")
+		return errors.New("write larger than the bandwidth burst")
 	}
 	d := r.Delay()
 	if d <= 0 {
 		return nil
 	}
-	n.limitHit(RuleEgressBandwidth, audit.Event{Layer: audit.LayerL4, Proto: proto}, int64(k))
+	n.limitHit(rule, audit.Event{Layer: audit.LayerL4, Proto: proto}, int64(k))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -115,20 +128,35 @@ func (n *network) waitEgress(k int, proto string) error {
 	}
 }
 
-// egressWriter is a flow's upstream side held to the sandbox's bandwidth.
+// egressWriter is a flow's upstream side held to the sandbox's egress bandwidth.
 type egressWriter struct {
 	n *network
 	w io.Writer
 }
 
 func (e egressWriter) Write(p []byte) (int, error) {
+	return e.n.writeHeld(e.w, p, e.n.budget.egress, RuleEgressBandwidth)
+}
+
+// ingressWriter is a flow's guest side held to the sandbox's ingress bandwidth.
+type ingressWriter struct {
+	n *network
+	w io.Writer
+}
+
+func (i ingressWriter) Write(p []byte) (int, error) {
+	return i.n.writeHeld(i.w, p, i.n.budget.ingress, RuleIngressBandwidth)
+}
+
+// writeHeld writes p to w in bursts of bucket l, each waiting for its tokens.
+func (n *network) writeHeld(w io.Writer, p []byte, l *rate.Limiter, rule string) (int, error) {
 	written := 0
 	for len(p) > 0 {
-		k := min(len(p), e.n.budget.egress.Burst())
-		if err := e.n.waitEgress(k, "tcp"); err != nil {
+		k := min(len(p), l.Burst())
+		if err := n.waitBytes(l, rule, k, "tcp"); err != nil {
 			return written, err
 		}
-		m, err := e.w.Write(p[:k])
+		m, err := w.Write(p[:k])
 		written += m
 		if err != nil {
 			return written, err
@@ -176,13 +204,16 @@ func (n *network) flushLimit(rule string) {
 	case RuleEgressBandwidth:
 		ev.Decision, ev.Bytes = audit.Allow, h.bytes
 		ev.Reason = fmt.Sprintf("%d writes delayed in %s: egress is held to %s per second (--egress-bandwidth)", h.count, limitWindow, sizeText(b.lim.EgressBandwidth))
+	case RuleIngressBandwidth:
+		ev.Decision, ev.Bytes = audit.Allow, h.bytes
+		ev.Reason = fmt.Sprintf("%d writes to the guest delayed in %s: ingress is held to %s per second (--ingress-bandwidth)", h.count, limitWindow, sizeText(b.lim.IngressBandwidth))
 	}
 	n.emit(ev)
 }
 
 // flushLimits audits every window under way (the network is closing).
 func (n *network) flushLimits() {
-	for _, rule := range []string{RuleMaxConns, RuleConnRate, RuleDNSRate, RuleEgressBandwidth} {
+	for _, rule := range []string{RuleMaxConns, RuleConnRate, RuleDNSRate, RuleEgressBandwidth, RuleIngressBandwidth} {
 		n.flushLimit(rule)
 	}
 }

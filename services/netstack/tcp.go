@@ -108,7 +108,7 @@ func (n *network) splice(guest *guestConn, up net.Conn, f *flow) {
 			up.Close()
 		}
 	}()
-	_, err := io.CopyBuffer(guest, up, make([]byte, 64<<10))
+	_, err := io.CopyBuffer(ingressWriter{n, guest}, up, make([]byte, 64<<10))
 	if err != nil && errors.Is(err, syscall.ECONNRESET) {
 		guest.abort()
 	} else {

@@ -81,6 +81,9 @@ func (n *network) handleUDPFlow(r *udp.ForwarderRequest) {
 					guest.Close()
 					return
 				}
+				if err := n.waitIngress(k, "udp"); err != nil {
+					return
+				}
 				if _, err := guest.Write(buf[:k]); err != nil {
 					return
 				}

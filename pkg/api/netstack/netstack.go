@@ -108,11 +108,15 @@ type Limits struct {
 	// EgressBandwidth bounds the bytes per second the guest sends out, over all its connections
 	// (rule egress_bandwidth: writes wait; nothing is dropped).
 	EgressBandwidth int64 `json:"egress_bandwidth,omitempty"`
+	// IngressBandwidth bounds the bytes per second the guest receives from outside, over all
+	// its connections (rule ingress_bandwidth: writes to the guest wait; nothing is dropped).
+	// Zero in a record from before it: the default.
+	IngressBandwidth int64 `json:"ingress_bandwidth,omitempty"`
 }
 
 // DefaultLimits are the budgets of a sandbox that sets none: far above what builds, package
 // installs and agents use, low enough that one sandbox cannot exhaust the host's sockets.
-var DefaultLimits = Limits{MaxConns: 1024, ConnRate: 500, DNSRate: 200, EgressBandwidth: 100 << 20}
+var DefaultLimits = Limits{MaxConns: 1024, ConnRate: 500, DNSRate: 200, EgressBandwidth: 100 << 20, IngressBandwidth: 100 << 20}
 
 // WithDefaults returns l with zero fields set from DefaultLimits.
 func (l Limits) WithDefaults() Limits { return DefaultLimits.Merge(l) }
@@ -128,6 +132,8 @@ func (l Limits) Validate() error {
 		return errdefs.Invalid("--dns-rate %d is negative: give queries per second", l.DNSRate)
 	case l.EgressBandwidth < 0:
 		return errdefs.Invalid("--egress-bandwidth %d is negative: give a size per second, as in 10m", l.EgressBandwidth)
+	case l.IngressBandwidth < 0:
+		return errdefs.Invalid("--ingress-bandwidth %d is negative: give a size per second, as in 10m", l.IngressBandwidth)
 	}
 	return nil
 }
@@ -148,6 +154,9 @@ func (l Limits) Merge(over Limits) Limits {
 	}
 	if over.EgressBandwidth != 0 {
 		l.EgressBandwidth = over.EgressBandwidth
+	}
+	if over.IngressBandwidth != 0 {
+		l.IngressBandwidth = over.IngressBandwidth
 	}
 	return l
 }
