@@ -4,9 +4,14 @@ import (
 	"net/netip"
 )
 
+// RuleDenied is the audit rule of a refusal by an explicit deny (`nexus egress deny`).
+const RuleDenied = "egress_deny"
+
 // Allowlist is an immutable, validated set of rules. The zero value allows nothing.
 type Allowlist struct {
 	rules []Rule
+	// deny are host patterns (`nexus egress deny`) that no rule allows, whatever its origin.
+	deny []Rule
 }
 
 // NewAllowlist validates and normalizes rules.
@@ -20,6 +25,52 @@ func NewAllowlist(rules []Rule) (*Allowlist, error) {
 		a.rules = append(a.rules, n)
 	}
 	return a, nil
+}
+
+// WithDeny returns a copy of a whose matches exclude every name (and IP literal) covered by one
+// of the host patterns in deny: an explicit deny beats every allow rule.
+func (a *Allowlist) WithDeny(deny []string) (*Allowlist, error) {
+	out := &Allowlist{}
+	if a != nil {
+		out.rules = a.rules
+	}
+	for _, d := range deny {
+		h, err := normalizePattern(d)
+		if err != nil {
+			return nil, err
+		}
+		out.deny = append(out.deny, Rule{Host: h})
+	}
+	return out, nil
+}
+
+// Deny returns the deny patterns.
+func (a *Allowlist) Deny() []string {
+	if a == nil {
+		return nil
+	}
+	out := make([]string, len(a.deny))
+	for i, r := range a.deny {
+		out[i] = r.Host
+	}
+	return out
+}
+
+// Denied returns the deny pattern covering name (normalized or not), if any.
+func (a *Allowlist) Denied(name string) (string, bool) {
+	if a == nil || len(a.deny) == 0 {
+		return "", false
+	}
+	n, err := NormalizeHost(name)
+	if err != nil {
+		return "", false
+	}
+	for _, r := range a.deny {
+		if r.MatchesHost(n) {
+			return r.Host, true
+		}
+	}
+	return "", false
 }
 
 // Rules returns a copy of the normalized rules.
@@ -47,6 +98,9 @@ func (a *Allowlist) MatchName(name string) (Rule, bool) {
 	if err != nil {
 		return Rule{}, false
 	}
+	if _, denied := a.Denied(n); denied {
+		return Rule{}, false
+	}
 	for _, r := range a.rules {
 		if r.MatchesHost(n) {
 			return r, true
@@ -64,6 +118,9 @@ func (a *Allowlist) Match(name string, port int) (Rule, bool) {
 	if err != nil {
 		return Rule{}, false
 	}
+	if _, denied := a.Denied(n); denied {
+		return Rule{}, false
+	}
 	for _, r := range a.rules {
 		if r.MatchesHost(n) && r.AllowsPort(port) {
 			return r, true
@@ -78,6 +135,9 @@ func (a *Allowlist) MatchAddr(ip netip.Addr, port int) (Rule, bool) {
 		return Rule{}, false
 	}
 	s := ip.Unmap().String()
+	if _, denied := a.Denied(s); denied {
+		return Rule{}, false
+	}
 	for _, r := range a.rules {
 		if r.Host == s && r.AllowsPort(port) {
 			return r, true

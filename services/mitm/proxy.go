@@ -326,7 +326,7 @@ func (p *Proxy) onConnect(target string, ctx *goproxy.ProxyCtx) (*goproxy.Connec
 		ctx.Resp = textResponse(r, http.StatusBadRequest, "nexus: refused: "+err.Error())
 		return p.rejectAction, target
 	}
-	ctx.UserData = &session{sb: sb, host: host, port: port, addr: addr, override: override, allowed: sb.Allowed.Match(host)}
+	ctx.UserData = &session{sb: sb, host: host, port: port, addr: addr, override: override, allowed: sb.AllowsHost(host)}
 	return p.tunnelAction, target
 }
 

@@ -68,6 +68,8 @@ type Sandbox struct {
 	Name      string // for people, in audit events
 	TokenHash [32]byte
 	Allowed   HostSet
+	// Denied beats Allowed (`nexus egress deny`).
+	Denied HostSet
 	// creds maps a placeholder's SHA-256 to the hosts it is swapped on.
 	creds map[[32]byte]HostSet
 	// credHeader maps the placeholders bound to a header other than Authorization (x-api-key)
@@ -106,11 +108,15 @@ func NewSandbox(p mitmapi.SandboxPolicy, policy HTTPPolicy) (*Sandbox, error) {
 	if err != nil {
 		return nil, errdefs.Invalid("mitm: sandbox %s: %v", p.ID, err)
 	}
+	denied, err := NewHostSet(p.DeniedHosts)
+	if err != nil {
+		return nil, errdefs.Invalid("mitm: sandbox %s: denied: %v", p.ID, err)
+	}
 	private, err := netaddr.ParseAllowPrivate(p.AllowPrivate)
 	if err != nil {
 		return nil, errdefs.Invalid("mitm: sandbox %s: %v", p.ID, err)
 	}
-	sb := &Sandbox{ID: p.ID, Name: p.Name, TokenHash: tok, Allowed: allowed, creds: map[[32]byte]HostSet{}, Policy: policy, guard: netaddr.NewGuard(private, nil)}
+	sb := &Sandbox{ID: p.ID, Name: p.Name, TokenHash: tok, Allowed: allowed, Denied: denied, creds: map[[32]byte]HostSet{}, Policy: policy, guard: netaddr.NewGuard(private, nil)}
 	for _, c := range p.Credentials {
 		h, err := decodeHash(c.PlaceholderHash)
 		if err != nil {
@@ -133,6 +139,11 @@ func NewSandbox(p mitmapi.SandboxPolicy, policy HTTPPolicy) (*Sandbox, error) {
 		}
 	}
 	return sb, nil
+}
+
+// AllowsHost reports whether the normalized host is allowed and not denied.
+func (sb *Sandbox) AllowsHost(host string) bool {
+	return sb.Allowed.Match(host) && !sb.Denied.Match(host)
 }
 
 func decodeHash(s string) ([32]byte, error) {

@@ -88,6 +88,9 @@ func (s *Service) Run(ctx context.Context) error {
 				s.forget(r.ID)
 				return struct{}{}, nil
 			}),
+			mitmapi.SetHosts.Serve(svc, func(ctx context.Context, r mitmapi.SetHostsRequest) (struct{}, error) {
+				return struct{}{}, s.setHosts(r)
+			}),
 			mitmapi.CACert.Serve(svc, func(ctx context.Context, _ struct{}) (mitmapi.CACertResponse, error) {
 				return mitmapi.CACertResponse{PEM: string(proxy.CACertPEM())}, nil
 			}),
@@ -159,6 +162,17 @@ func (s *Service) register(p mitmapi.SandboxPolicy) error {
 	}
 	s.reg.Put(sb)
 	return nil
+}
+
+// setHosts replaces a registered sandbox's hosts; the stored policy and the served one change
+// together, and a sandbox the mitm does not know is not found.
+func (s *Service) setHosts(r mitmapi.SetHostsRequest) error {
+	p, err := s.records.Get(r.ID)
+	if err != nil {
+		return err
+	}
+	p.AllowedHosts, p.DeniedHosts = r.AllowedHosts, r.DeniedHosts
+	return s.register(p)
 }
 
 func (s *Service) forget(id string) {

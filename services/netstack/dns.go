@@ -77,6 +77,10 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		ev.Decision, ev.Rule = audit.Allow, ruleAllowAll
 	} else if r, ok := allow.MatchName(name); ok {
 		ev.Decision, ev.Rule = audit.Allow, r.String()
+	} else if d, denied := allow.Denied(name); denied {
+		ev.Rule, ev.Reason = policy.RuleDenied, "name is denied ("+d+", nexus egress deny)"
+		reply(dns.RcodeNameError)
+		return
 	} else {
 		ev.Reason = "name is not on the allowlist"
 		reply(dns.RcodeNameError)

@@ -3,11 +3,13 @@ package netstack
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
 	netstackapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/audit"
+	"github.com/IniZio/nexus/pkg/policy"
 )
 
 // Rule names for decisions that are not an allowlist rule.
@@ -78,6 +80,12 @@ func (n *network) judgeTCP(dst netip.Addr, port int, names []string) verdict {
 		v.ev.Decision, v.ev.Rule, v.ev.Reason = audit.Allow, r.String(), "ip literal on the allowlist"
 		v.target = n.svc.overrides.target(dst, port)
 		return v
+	}
+	for _, name := range append(slices.Clip(names), dst.String()) {
+		if d, denied := allow.Denied(name); denied {
+			v.ev.Host, v.ev.Rule, v.ev.Reason = name, policy.RuleDenied, "host is denied ("+d+", nexus egress deny)"
+			return v
+		}
 	}
 	if len(names) == 0 {
 		v.ev.Reason = "ip was not resolved from an allowed name"

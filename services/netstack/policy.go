@@ -29,7 +29,11 @@ func normalizePolicy(p Policy, now time.Time) (Policy, *policy.Allowlist, error)
 	if err != nil {
 		return Policy{}, nil, err
 	}
+	if allow, err = allow.WithDeny(p.Deny); err != nil {
+		return Policy{}, nil, err
+	}
 	p.Allow = allow.Rules()
+	p.Deny = allow.Deny()
 	p.Repos = append([]string(nil), p.Repos...)
 	private, err := netaddr.ParseAllowPrivate(p.AllowPrivate)
 	if err != nil {

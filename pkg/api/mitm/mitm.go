@@ -22,10 +22,13 @@ var (
 	Register = bus.Endpoint[RegisterRequest, RegisterResponse]{Scope: bus.MITMAPI, Verb: "register"}
 	Forget   = bus.Endpoint[ForgetRequest, Empty]{Scope: bus.MITMAPI, Verb: "forget"}
 	CACert   = bus.Endpoint[Empty, CACertResponse]{Scope: bus.MITMAPI, Verb: "cacert"}
+	// SetHosts replaces the host allowlist and denials of a registered sandbox, keeping the rest
+	// of its policy (token, credentials, request policy): live grants and revocations.
+	SetHosts = bus.Endpoint[SetHostsRequest, Empty]{Scope: bus.MITMAPI, Verb: "hosts"}
 )
 
 // Endpoints lists every endpoint of the contract (the bus tests check their permissions).
-var Endpoints = []bus.Route{Register, Forget, CACert}
+var Endpoints = []bus.Route{Register, Forget, CACert, SetHosts}
 
 // Empty is the request or response of endpoints that carry nothing.
 type Empty = struct{}
@@ -47,6 +50,15 @@ type SandboxPolicy struct {
 	// AllowPrivate are the non-public CIDRs the sandbox may reach (--allow-private): the mitm's
 	// dialer refuses every other such address (pkg/netaddr), a second line behind the netstack.
 	AllowPrivate []string `json:"allow_private,omitempty"`
+	// DeniedHosts are refused even where AllowedHosts covers them (`nexus egress deny`).
+	DeniedHosts []string `json:"denied_hosts,omitempty"`
+}
+
+// SetHostsRequest is the body of SetHosts.
+type SetHostsRequest struct {
+	ID           string   `json:"id"`
+	AllowedHosts []string `json:"allowed_hosts"`
+	DeniedHosts  []string `json:"denied_hosts,omitempty"`
 }
 
 // DialAddrHeader, on the netstack's CONNECT (whose Proxy-Authorization binds it to the
@@ -108,6 +120,10 @@ func (c *Client) Register(ctx context.Context, p SandboxPolicy) (RegisterRespons
 }
 func (c *Client) Forget(ctx context.Context, id string) error {
 	_, err := Forget.Call(ctx, c.nc, c.host, ForgetRequest{ID: id})
+	return err
+}
+func (c *Client) SetHosts(ctx context.Context, r SetHostsRequest) error {
+	_, err := SetHosts.Call(ctx, c.nc, c.host, r)
 	return err
 }
 func (c *Client) CACert(ctx context.Context) (CACertResponse, error) {

@@ -43,6 +43,9 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	_, err := Remove.Call(ctx, c.nc, c.host, RemoveRequest{SandboxID: id})
 	return err
 }
+func (c *Client) Update(ctx context.Context, r UpdateRequest) (Info, error) {
+	return Update.Call(ctx, c.nc, c.host, r)
+}
 func (c *Client) Show(ctx context.Context, id string) (Info, error) {
 	return Show.Call(ctx, c.nc, c.host, ShowRequest{SandboxID: id})
 }
@@ -70,6 +73,9 @@ type Policy struct {
 	// sandbox may reach (--allow-private); every other such address is refused in every mode,
 	// as a DNS answer and as a destination (pkg/netaddr).
 	AllowPrivate []string `json:"allow_private,omitempty"`
+	// Deny are host patterns (`nexus egress deny`) refused whatever rule of Allow covers them
+	// (audited with rule egress_deny).
+	Deny []string `json:"deny,omitempty"`
 }
 
 // Spec creates one sandbox network (CreateRequest on the bus).
