@@ -33,6 +33,7 @@ type egressPlan struct {
 	egress  api.Egress
 	rules   []policy.Rule
 	hosts   []string // hostnames the mitm allows
+	deny    []string // host patterns denied live (nexus egress deny)
 	secrets []api.SecretBinding
 	config  *config.Config // the project's .nexus/config.yaml, validated
 }
@@ -68,20 +69,21 @@ func (p *egressPlan) bindings() []credapi.Binding {
 	return out
 }
 
-// planFromRecord rebuilds the plan of a recorded sandbox, for every boot after the first:
-// the same allowlist, the same allow-all expiry, the same secrets (minted afresh).
+// planFromRecord rebuilds the plan of a recorded sandbox, for every boot after the first and
+// every live change: the same allowlist with its active grants and denies, the same allow-all
+// expiry, the same secrets (minted afresh at a boot).
 func planFromRecord(sb *api.Sandbox) (*egressPlan, error) {
-	rules, err := policy.ParseRules(sb.Egress.Allow)
+	rules, deny, err := liveAllowlist(sb.Egress, time.Now())
 	if err != nil {
 		return nil, errdefs.Invalid("sandbox %s: recorded allowlist: %v", sb.Name, err)
 	}
-	p := &egressPlan{egress: sb.Egress, rules: rules, secrets: sb.Secrets}
-	for _, r := range rules {
-		if !slices.Contains(p.hosts, r.Host) {
-			p.hosts = append(p.hosts, r.Host)
-		}
-	}
-	return p, nil
+	return &egressPlan{egress: sb.Egress, rules: rules, secrets: sb.Secrets, hosts: hostsOf(rules), deny: deny}, nil
+}
+
+// netPolicy is the netstack's policy of the plan.
+func (p *egressPlan) netPolicy() netapi.Policy {
+	return netapi.Policy{Mode: p.egress.Mode, AllowAllUntil: p.egress.AllowAllUntil, Allow: p.rules, Repos: p.egress.Repos,
+		AllowPrivate: p.egress.AllowPrivate, Deny: p.deny}
 }
 
 // planEgress turns the create flags and the agent profile into an egress plan.

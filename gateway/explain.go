@@ -96,13 +96,19 @@ func explain(sb *api.Sandbox, r api.ExplainRequest, now time.Time) (api.Explanat
 		return decide(false, "mode", "allow_all_expired", fmt.Sprintf("nexus: refused: allow-all egress of %s expired at %s; the sandbox is default-deny",
 			sb.Name, sb.Egress.AllowAllUntil.UTC().Format(time.RFC3339))), nil
 	}
-	rules, err := policy.ParseRules(sb.Egress.Allow)
+	rules, deny, err := liveAllowlist(sb.Egress, now)
 	if err != nil {
 		return api.Explanation{}, errdefs.Invalid("sandbox %s: recorded allowlist: %v", sb.Name, err)
 	}
 	allow, err := policy.NewAllowlist(rules)
+	if err == nil {
+		allow, err = allow.WithDeny(deny)
+	}
 	if err != nil {
 		return api.Explanation{}, errdefs.Invalid("sandbox %s: recorded allowlist: %v", sb.Name, err)
+	}
+	if d, denied := allow.Denied(host); denied {
+		return decide(false, "host", policy.RuleDenied, fmt.Sprintf("nexus: refused: host %s is denied on this sandbox (%s, lift it with nexus egress revoke %s %s)", host, d, sb.Name, d)), nil
 	}
 	rule, ok := allow.Match(host, port)
 	if !ok {

@@ -60,7 +60,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 			creds = minted.Credentials
 		}
 		pol := mitmapi.SandboxPolicy{ID: sb.ID, Name: sb.Name, TokenHash: mitmapi.HashHex(token), AllowedHosts: plan.hosts, Credentials: creds,
-			AllowPrivate: plan.egress.AllowPrivate}
+			AllowPrivate: plan.egress.AllowPrivate, DeniedHosts: plan.deny}
 		if req := requestPolicy(sb); !req.Empty() {
 			pol.Requests = &req
 		}
@@ -79,8 +79,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
 	spec := netapi.Spec{
 		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true, Limits: plan.egress.Limits,
-		Policy: netapi.Policy{Mode: plan.egress.Mode, AllowAllUntil: plan.egress.AllowAllUntil, Allow: plan.rules, Repos: plan.egress.Repos,
-			AllowPrivate: plan.egress.AllowPrivate},
+		Policy: plan.netPolicy(),
 	}
 	if _, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec); err != nil {
 		return nil, err

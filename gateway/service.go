@@ -14,6 +14,7 @@ import (
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/failpoint"
@@ -60,6 +61,10 @@ type Service struct {
 	// deleg holds the worktree delegations; nil without a home directory.
 	deleg *delegations
 	idle  *idleWatch
+	// audit publishes the gateway's policy changes (egress_live.go); grantWake wakes the grant
+	// expiry watcher.
+	audit     *audit.Publisher
+	grantWake chan struct{}
 }
 
 // New returns a gateway; Run binds it to the bus.
@@ -67,7 +72,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
 	}
-	return &Service{cfg: cfg, log: cfg.Log, idle: &idleWatch{last: map[string]idleSample{}}}, nil
+	return &Service{cfg: cfg, log: cfg.Log, idle: &idleWatch{last: map[string]idleSample{}}, grantWake: make(chan struct{}, 1)}, nil
 }
 
 // Run registers the endpoints and serves until ctx ends.
@@ -101,8 +106,17 @@ func (g *Service) Run(ctx context.Context) error {
 	}
 	// What a crash left half done is settled before the first request is answered.
 	g.recoverOnStart(ctx, RecoveryWait)
+	if g.cfg.Home != "" {
+		pub, err := audit.NewSpooledPublisher(g.cfg.Bus, bus.UserGateway, g.log, g.cfg.Home.AuditSpool("gateway"))
+		if err != nil {
+			return err
+		}
+		defer pub.Close(context.Background())
+		g.audit = pub
+	}
 	go g.watchLeases(ctx)
 	go g.watchIdle(ctx)
+	go g.watchGrants(ctx)
 	go func() {
 		t := time.NewTicker(ReconcileEvery)
 		defer t.Stop()
@@ -144,6 +158,10 @@ func (g *Service) Run(ctx context.Context) error {
 			api.SecretRemove.Serve(s, g.secretRemove),
 			api.EgressShow.Serve(s, g.egressShow),
 			api.EgressExplain.Serve(s, g.egressExplain),
+			api.EgressAllow.Serve(s, g.egressAllow),
+			api.EgressRevoke.Serve(s, g.egressRevoke),
+			api.EgressDeny.Serve(s, g.egressDeny),
+			api.EgressApply.Serve(s, g.egressApply),
 			api.Image.Serve(s, g.image),
 			api.Ports.Serve(s, g.ports),
 			api.SnapshotCreate.Serve(s, g.snapshotCreate),

@@ -237,7 +237,7 @@ func auditCommand() *cobra.Command {
 }
 
 func egressCommand() *cobra.Command {
-	eg := &cobra.Command{Use: "egress", Short: "Inspect a sandbox's egress perimeter"}
+	eg := &cobra.Command{Use: "egress", Short: "Inspect and change a sandbox's egress perimeter"}
 	show := &cobra.Command{
 		Use:   "show NAME",
 		Short: "Print the effective allowlist, mode, expiry and the DNS table",
@@ -264,6 +264,8 @@ func egressCommand() *cobra.Command {
 				fmt.Fprintf(w, "until:    %s (%s)\n", v.Egress.AllowAllUntil.Local().Format(time.RFC3339), state)
 			}
 			fmt.Fprintf(w, "allow:    %s\n", dash(strings.Join(v.Egress.Allow, " ")))
+			printGrants(w, "granted", v.Egress.Grants)
+			printGrants(w, "denied", v.Egress.Denies)
 			if len(v.Egress.Repos) > 0 {
 				fmt.Fprintf(w, "repos:    %s\n", strings.Join(v.Egress.Repos, " "))
 			}
@@ -299,5 +301,6 @@ func egressCommand() *cobra.Command {
 		},
 	}
 	eg.AddCommand(show, explainCommand())
+	eg.AddCommand(egressLiveCommands()...)
 	return eg
 }

@@ -23,6 +23,9 @@ const (
 	LayerHTTP = "http"
 	LayerCred = "cred"
 	LayerGit  = "git"
+	// LayerPolicy is a change of a sandbox's policy (`nexus egress allow|revoke|deny|apply`, a
+	// grant's expiry): By, Before and After say who changed what.
+	LayerPolicy = "policy"
 	// LayerAudit is the audit write path itself: the `suppressed` summaries.
 	LayerAudit = "audit"
 )
@@ -55,6 +58,12 @@ type Event struct {
 	Rule     string    `json:"rule,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
 	Swapped  bool      `json:"swapped,omitempty"`
+	// By, Before and After describe a policy change (layer policy): who made it and the
+	// effective allowlist and denies before and after it (space-separated rules, denies as
+	// "!host"; "-" for none).
+	By     string `json:"by,omitempty"`
+	Before string `json:"before,omitempty"`
+	After  string `json:"after,omitempty"`
 	// Count > 1: this event stands for Count identical decisions (or, with rule suppressed,
 	// Count decisions not recorded one by one) made between First and Last.
 	Count int64      `json:"count,omitempty"`

@@ -106,7 +106,7 @@ func permissions(user string) *server.Permissions {
 	case UserGateway:
 		perm := p(join(
 			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
-				EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"},
+				EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>", AuditPublish(UserGateway)},
 			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots),
 			// `nexus ps` and `egress show` look up each sandbox's last `suppressed` summary.
 			[]string{"$JS.API.STREAM.INFO." + StreamAudit, "$JS.API.STREAM.MSG.GET." + StreamAudit, "$JS.API.DIRECT.GET." + StreamAudit + ".>"}),

@@ -171,7 +171,7 @@ func (s *Service) setHosts(r mitmapi.SetHostsRequest) error {
 	if err != nil {
 		return err
 	}
-	p.AllowedHosts, p.DeniedHosts = r.AllowedHosts, r.DeniedHosts
+	p.AllowedHosts, p.DeniedHosts, p.Requests, p.AllowPrivate = r.AllowedHosts, r.DeniedHosts, r.Requests, r.AllowPrivate
 	return s.register(p)
 }
 

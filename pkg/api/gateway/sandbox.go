@@ -76,6 +76,10 @@ type Egress struct {
 	// AllowPrivate are the CIDRs of non-public addresses the sandbox may reach (--allow-private
 	// and the config's egress.allow_private); every other one is refused (private_address).
 	AllowPrivate []string `json:"allow_private,omitempty"`
+	// Grants are live allow rules added to Allow (`nexus egress allow`), Denies live denies that
+	// beat every rule (`nexus egress deny`); expired ones are dropped by the gateway.
+	Grants []Grant `json:"grants,omitempty"`
+	Denies []Grant `json:"denies,omitempty"`
 }
 
 // SecretBinding binds a named secret to the hosts it may be swapped for.

@@ -22,8 +22,9 @@ var (
 	Register = bus.Endpoint[RegisterRequest, RegisterResponse]{Scope: bus.MITMAPI, Verb: "register"}
 	Forget   = bus.Endpoint[ForgetRequest, Empty]{Scope: bus.MITMAPI, Verb: "forget"}
 	CACert   = bus.Endpoint[Empty, CACertResponse]{Scope: bus.MITMAPI, Verb: "cacert"}
-	// SetHosts replaces the host allowlist and denials of a registered sandbox, keeping the rest
-	// of its policy (token, credentials, request policy): live grants and revocations.
+	// SetHosts replaces what a live change of a registered sandbox's egress can change (hosts,
+	// denials, request policy, private CIDRs), keeping its token and credentials: live grants,
+	// revocations and `nexus egress apply`.
 	SetHosts = bus.Endpoint[SetHostsRequest, Empty]{Scope: bus.MITMAPI, Verb: "hosts"}
 )
 
@@ -56,9 +57,11 @@ type SandboxPolicy struct {
 
 // SetHostsRequest is the body of SetHosts.
 type SetHostsRequest struct {
-	ID           string   `json:"id"`
-	AllowedHosts []string `json:"allowed_hosts"`
-	DeniedHosts  []string `json:"denied_hosts,omitempty"`
+	ID           string             `json:"id"`
+	AllowedHosts []string           `json:"allowed_hosts"`
+	DeniedHosts  []string           `json:"denied_hosts,omitempty"`
+	Requests     *httppolicy.Policy `json:"requests,omitempty"`
+	AllowPrivate []string           `json:"allow_private,omitempty"`
 }
 
 // DialAddrHeader, on the netstack's CONNECT (whose Proxy-Authorization binds it to the

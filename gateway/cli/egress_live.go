@@ -1,0 +1,133 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/config"
+	"github.com/IniZio/nexus/pkg/errdefs"
+)
+
+// whoami names the operator in audit events: the OS user running the CLI.
+func whoami() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return fmt.Sprintf("uid %d", os.Getuid())
+}
+
+// egressLiveCommands are `nexus egress allow|revoke|deny|apply`: changes of a sandbox's policy
+// that a running sandbox takes within a second.
+func egressLiveCommands() []*cobra.Command {
+	change := func(use, short string, withFor bool, ep bus.Endpoint[api.EgressChangeRequest, api.EgressChange]) *cobra.Command {
+		var d time.Duration
+		cmd := &cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, _, err := dial(cmd)
+				if err != nil {
+					return err
+				}
+				ch, err := ep.Call(cmd.Context(), c.Conn(), "", api.EgressChangeRequest{Name: args[0], Host: args[1], For: d, By: whoami(), Via: "cli"})
+				if err != nil {
+					return err
+				}
+				if printedJSON(cmd, ch) {
+					return nil
+				}
+				printChange(cmd.OutOrStdout(), ch)
+				return nil
+			},
+		}
+		if withFor {
+			cmd.Flags().DurationVar(&d, "for", 0, "end it on its own after this long (e.g. 30m); without it, until revoked")
+		}
+		return cmd
+	}
+	allow := change("allow NAME HOST[:PORT,...]", "Allow a host on a sandbox, running or not (bare host: ports 443 and 80)", true, api.EgressAllow)
+	revoke := change("revoke NAME HOST", "Remove a grant or a deny made with allow or deny; open connections it no longer allows are closed", false, api.EgressRevoke)
+	deny := change("deny NAME HOST", "Refuse a host (or *.domain) on every port, over every allow including the agent profile's", true, api.EgressDeny)
+	var configPath string
+	var dry bool
+	apply := &cobra.Command{
+		Use:   "apply NAME",
+		Short: "Read .nexus/config.yaml again, print the difference in the sandbox's allowlist, and apply it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := config.ForCreate(configPath)
+			if err != nil {
+				return err
+			}
+			if cfg == nil {
+				wd, _ := os.Getwd()
+				return errdefs.NotFound("egress apply: no %s at the git root of %s (give --config FILE)", config.RelPath, wd)
+			}
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			ch, err := c.EgressApply(cmd.Context(), api.EgressApplyRequest{Name: args[0], Config: cfg, By: whoami(), Via: "cli", DryRun: dry})
+			if err != nil {
+				return err
+			}
+			if printedJSON(cmd, ch) {
+				return nil
+			}
+			if dry {
+				fmt.Fprintf(cmd.OutOrStdout(), "dry run: nothing applied to %s\n", ch.Sandbox)
+			}
+			printChange(cmd.OutOrStdout(), ch)
+			return nil
+		},
+	}
+	apply.Flags().StringVar(&configPath, "config", "", "the config file (default: .nexus/config.yaml at the git root of the working directory)")
+	apply.Flags().BoolVar(&dry, "dry-run", false, "print the difference only")
+	return []*cobra.Command{allow, revoke, deny, apply}
+}
+
+// printChange shows a live change as a diff of the effective policy.
+func printChange(w io.Writer, ch api.EgressChange) {
+	for _, a := range ch.Added {
+		fmt.Fprintf(w, "+ %s\n", a)
+	}
+	for _, r := range ch.Removed {
+		fmt.Fprintf(w, "- %s\n", r)
+	}
+	if len(ch.Added)+len(ch.Removed) == 0 {
+		fmt.Fprintln(w, "no change to the effective allowlist")
+	}
+	switch {
+	case ch.Live:
+		fmt.Fprintf(w, "%s: applied to the running sandbox\n", ch.Sandbox)
+	default:
+		fmt.Fprintf(w, "%s: recorded; it applies when the sandbox starts\n", ch.Sandbox)
+	}
+	if g := ch.Grant; g != nil && !g.Until.IsZero() {
+		fmt.Fprintf(w, "until %s (in %s)\n", g.Until.Local().Format(time.RFC3339), time.Until(g.Until).Round(time.Second))
+	}
+}
+
+// printGrants lists a sandbox's live grants and denies in `egress show`.
+func printGrants(w io.Writer, label string, gs []api.Grant) {
+	for _, g := range gs {
+		until := "until revoked"
+		if !g.Until.IsZero() {
+			until = "until " + g.Until.Local().Format(time.RFC3339)
+			if time.Now().After(g.Until) {
+				until += " (expired)"
+			}
+		}
+		fmt.Fprintf(w, "%-9s %s  by %s at %s, %s\n", label+":", g.Rule, dash(g.By), g.At.Local().Format(time.RFC3339), until)
+		label = strings.Repeat(" ", len(label))
+	}
+}
