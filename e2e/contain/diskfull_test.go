@@ -19,10 +19,11 @@ import (
 	"github.com/IniZio/nexus/pkg/home"
 )
 
-// create boots a nexus-mini sandbox and removes it when t ends.
+// create boots a nexus-mini sandbox and removes it when t ends. Its root disk is the least
+// nexus-mini takes (its image is 514 MiB), not the default 8 GiB the small home could not hold.
 func create(t *testing.T, name string, args ...string) {
 	t.Helper()
-	stack.MustNexus(t, append([]string{"create", name, "--image", "nexus-mini", "--memory", "256"}, args...)...)
+	stack.MustNexus(t, append([]string{"create", name, "--image", "nexus-mini", "--memory", "256", "--disk", diskMiB}, args...)...)
 	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", name) })
 }
 

@@ -22,8 +22,9 @@ var stack *testutil.Stack
 var tmpHome string
 
 const (
-	homeSize = "256M"
+	homeSize = "1G" // free space for a sandbox's whole root disk (diskMiB), which creates check
 	minFree  = "64MiB"
+	diskMiB  = "600"
 )
 
 func TestMain(m *testing.M) {

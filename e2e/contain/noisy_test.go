@@ -77,7 +77,7 @@ func TestNoisyNeighbours(t *testing.T) {
 
 	t.Run("disk", func(t *testing.T) {
 		// 96 MiB of data that is not zeroes (detect-zeroes would not store it), synced: the home
-		// is a 256 MiB ext4, so this leaves it above the watermark.
+		// is a 1 GiB ext4, so this leaves it above the watermark.
 		blkio := cgroupDir(t, pid, "blkio")
 		before := ioBytes(t, blkio)
 		noise(t, "noisy/loud", "tr \"\\000\" x </dev/zero | dd of=/fill bs=1M count=96 conv=fsync; sync; touch /fill.done")
