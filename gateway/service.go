@@ -201,6 +201,9 @@ func (g *Service) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 		return nil, err
 	}
 	failpoint.Hit("gateway/create/recorded")
+	if r.NoStart {
+		return sb, nil
+	}
 	if err := g.boot(ctx, sb, r.Progress); err != nil {
 		if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrRefused) {
 			// The request itself was wrong (an unknown image, say) or asked for more than the

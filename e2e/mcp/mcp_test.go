@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,6 +82,7 @@ type execResult struct {
 	StderrBytes     int64  `json:"stderr_bytes"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
+	StdoutOmitted   int64  `json:"stdout_omitted"`
 	Sandbox         string `json:"sandbox"`
 }
 
@@ -118,14 +120,28 @@ func TestSandboxRun(t *testing.T) {
 func TestSandboxExecTruncates(t *testing.T) {
 	needMini(t)
 	c := mcpClient(t)
-	call(t, c, "sandbox_create", map[string]any{"name": "trunc", "image": "nexus-mini", "labels": map[string]string{"nexus-test": "mcp"}}, &struct{}{})
+	// sandbox_create mints a record (the spec's words); sandbox_start boots it.
+	var sb struct {
+		State string `json:"state"`
+	}
+	call(t, c, "sandbox_create", map[string]any{"name": "trunc", "image": "nexus-mini", "labels": map[string]string{"nexus-test": "mcp"}}, &sb)
 	t.Cleanup(func() { call(t, c, "sandbox_remove", map[string]any{"name": "trunc"}, nil) })
+	if sb.State != "created" {
+		t.Fatalf("sandbox_create: state %q, want created", sb.State)
+	}
+	call(t, c, "sandbox_start", map[string]any{"sandbox": "trunc"}, &sb)
+	if sb.State != "running" {
+		t.Fatalf("sandbox_start: state %q, want running", sb.State)
+	}
+	// Over 64 KiB a stream keeps its first and last 32 KiB, and says how much it left out.
 	var r execResult
 	call(t, c, "sandbox_exec", map[string]any{"name": "trunc", "argv": []string{"sh", "-c",
-		"head -c 102400 /dev/zero | tr '\\0' a; echo small >&2"}}, &r)
-	if r.ExitCode != 0 || len(r.Stdout) != 64<<10 || r.StdoutBytes != 102400 || !r.StdoutTruncated ||
-		r.Stderr != "small\n" || r.StderrTruncated || strings.Trim(r.Stdout, "a") != "" {
-		t.Errorf("exec: code %d stdout %d/%d truncated %v stderr %q", r.ExitCode, len(r.Stdout), r.StdoutBytes, r.StdoutTruncated, r.Stderr)
+		"head -c 102400 /dev/zero | tr '\\0' a; printf END; echo small >&2"}}, &r)
+	marker := fmt.Sprintf("\n[nexus: %d bytes omitted]\n", 102403-(64<<10))
+	if r.ExitCode != 0 || r.StdoutBytes != 102403 || !r.StdoutTruncated || r.StdoutOmitted != 102403-(64<<10) ||
+		!strings.HasSuffix(r.Stdout, "aEND") || !strings.Contains(r.Stdout, marker) || len(r.Stdout) != 64<<10+len(marker) ||
+		r.Stderr != "small\n" || r.StderrTruncated {
+		t.Errorf("exec: code %d stdout %d/%d truncated %v omitted %d stderr %q", r.ExitCode, len(r.Stdout), r.StdoutBytes, r.StdoutTruncated, r.StdoutOmitted, r.Stderr)
 	}
 	res := call(t, c, "sandbox_exec", map[string]any{"name": "nope", "argv": []string{"true"}}, nil)
 	if !res.IsError {

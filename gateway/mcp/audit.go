@@ -23,10 +23,10 @@ const (
 )
 
 type auditArgs struct {
-	Sandbox string `json:"sandbox"`
-	Limit   int    `json:"limit"`
-	Since   string `json:"since"`
-	Denied  bool   `json:"denied"`
+	Name   string `json:"name"`
+	Limit  int    `json:"limit"`
+	Since  string `json:"since"`
+	Denied bool   `json:"denied"`
 }
 
 // AuditResult holds a sandbox's most recent egress decisions, oldest first.
@@ -42,8 +42,8 @@ func (s *Server) egressAudit(ctx context.Context, req mcpgo.CallToolRequest) (an
 	if err := bind(req, &a); err != nil {
 		return nil, err
 	}
-	if a.Sandbox == "" {
-		return nil, errdefs.Invalid("sandbox is required")
+	if a.Name == "" {
+		return nil, errdefs.Invalid("name is required")
 	}
 	limit := a.Limit
 	if limit <= 0 {
@@ -62,7 +62,7 @@ func (s *Server) egressAudit(ctx context.Context, req mcpgo.CallToolRequest) (an
 	if err != nil {
 		return nil, err
 	}
-	sb, err := c.Get(ctx, a.Sandbox)
+	sb, err := c.Get(ctx, a.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -7,16 +7,12 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
-	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 // Worktree delegation (issue 9, seed "worktree-native parallel flow") lives in the gateway
 // (gateway/delegate.go, the delegate.* verbs); these tools are its clients.
 
 func (s *Server) delegateWorktreeCreate(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
-	if _, ok := req.GetArguments()["allowed_branches"]; ok {
-		return nil, errdefs.Invalid("allowed_branches is not accepted: the branch policy is derived from the worktree's branch (nexus/<name>)")
-	}
 	var a api.DelegateCreateRequest
 	if err := bind(req, &a); err != nil {
 		return nil, err
@@ -32,10 +28,15 @@ func (s *Server) delegateWorktreeCreate(ctx context.Context, req mcpgo.CallToolR
 }
 
 func (s *Server) delegateAgentDispatch(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
-	var a api.DispatchRequest
-	if err := bind(req, &a); err != nil {
+	var d struct {
+		Name    string   `json:"name"`
+		Brief   string   `json:"brief"`
+		Command []string `json:"command"`
+	}
+	if err := bind(req, &d); err != nil {
 		return nil, err
 	}
+	a := api.DispatchRequest{Sandbox: d.Name, Brief: d.Brief, Command: d.Command}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
@@ -46,10 +47,14 @@ func (s *Server) delegateAgentDispatch(ctx context.Context, req mcpgo.CallToolRe
 }
 
 func (s *Server) delegateAgentPoll(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
-	var a api.PollRequest
-	if err := bind(req, &a); err != nil {
+	var p struct {
+		Name    string `json:"name"`
+		Commits int    `json:"commits"`
+	}
+	if err := bind(req, &p); err != nil {
 		return nil, err
 	}
+	a := api.PollRequest{Sandbox: p.Name, Commits: p.Commits}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
@@ -58,10 +63,11 @@ func (s *Server) delegateAgentPoll(ctx context.Context, req mcpgo.CallToolReques
 }
 
 func (s *Server) delegateTeardown(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
-	var a api.TeardownRequest
-	if err := bind(req, &a); err != nil {
+	var t nameArgs
+	if err := bind(req, &t); err != nil {
 		return nil, err
 	}
+	a := api.TeardownRequest{Sandbox: t.Name, Force: t.Force != nil && *t.Force}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err

@@ -17,8 +17,9 @@ import (
 )
 
 const (
-	// OutputLimit is how much of each of stdout and stderr a result keeps: the first 64 KiB
-	// (cut back to a UTF-8 boundary). The *_bytes fields count everything the command wrote.
+	// OutputLimit is how much of each of stdout and stderr a result keeps: its first and its
+	// last OutputLimit/2 bytes when there is more (each cut back to a UTF-8 boundary), joined by
+	// an omission line. The *_bytes fields count everything the command wrote.
 	OutputLimit = 64 << 10
 	// DefaultExecTimeout kills a command that runs longer when the caller gave no timeout.
 	DefaultExecTimeout = 10 * time.Minute
@@ -40,45 +41,94 @@ type ExecResult struct {
 	StderrBytes     int64  `json:"stderr_bytes"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
-	Signal          int    `json:"signal,omitempty"`
-	// Error is why the command could not run (e.g. not found), as the guest agent said.
+	// StdoutOmitted and StderrOmitted count the bytes cut from the middle of a truncated stream.
+	StdoutOmitted int64 `json:"stdout_omitted,omitempty"`
+	StderrOmitted int64 `json:"stderr_omitted,omitempty"`
+	Signal        int   `json:"signal,omitempty"`
+	// Error says why the command did not run or did not finish (not found, timed out), as the
+	// guest agent or the vmm said.
 	Error string `json:"error,omitempty"`
 	// Sandbox and RemoveError are set by sandbox_run.
 	Sandbox     string `json:"sandbox,omitempty"`
 	RemoveError string `json:"remove_error,omitempty"`
 }
 
-// capture keeps the first limit bytes written to it and counts them all.
+// capture keeps the first and the last limit/2 bytes written to it and counts them all.
 type capture struct {
-	buf   []byte
+	head  []byte
+	tail  []byte // a ring of the last limit/2 bytes once head is full
+	next  int    // where the ring's oldest byte is
 	total int64
 	limit int
 }
 
 func (c *capture) Write(p []byte) (int, error) {
 	c.total += int64(len(p))
-	if room := c.limit - len(c.buf); room > 0 {
-		c.buf = append(c.buf, p[:min(room, len(p))]...)
+	half := c.limit / 2
+	if room := c.limit - len(c.head); len(c.tail) == 0 && room >= len(p) {
+		c.head = append(c.head, p...) // everything so far fits
+		return len(p), nil
 	}
+	if len(c.head) > half {
+		// Over the limit for the first time: the head keeps half, the rest starts the tail.
+		c.push(c.head[half:])
+		c.head = c.head[:half:half]
+	}
+	c.push(p)
 	return len(p), nil
 }
 
-func (c *capture) truncated() bool { return c.total > int64(len(c.buf)) }
-
-// text returns the kept bytes, without a rune the limit cut in half.
-func (c *capture) text() string {
-	b := c.buf
-	if c.truncated() {
-		for i := 1; i <= utf8.UTFMax && i <= len(b); i++ {
-			if utf8.RuneStart(b[len(b)-i]) {
-				if !utf8.FullRune(b[len(b)-i:]) {
-					b = b[:len(b)-i]
-				}
-				break
-			}
-		}
+// push appends p to the tail ring.
+func (c *capture) push(p []byte) {
+	half := c.limit - c.limit/2
+	if len(p) >= half {
+		c.tail, c.next = append(c.tail[:0], p[len(p)-half:]...), 0
+		return
 	}
-	return string(b)
+	for len(p) > 0 && len(c.tail) < half {
+		n := min(half-len(c.tail), len(p))
+		c.tail = append(c.tail, p[:n]...)
+		p = p[n:]
+	}
+	for len(p) > 0 {
+		n := copy(c.tail[c.next:], p)
+		p = p[n:]
+		c.next = (c.next + n) % half
+	}
+}
+
+func (c *capture) truncated() bool { return c.total > int64(c.limit) }
+
+// parts returns the kept head and tail, neither with a rune cut in half (tail is nil when
+// nothing was cut).
+func (c *capture) parts() (head, tail []byte) {
+	if !c.truncated() {
+		return c.head, nil
+	}
+	head = c.head[:len(c.head)-partialTail(c.head)]
+	tail = append(append([]byte{}, c.tail[c.next:]...), c.tail[:c.next]...)
+	for i := 0; i < utf8.UTFMax-1 && len(tail) > 0 && !utf8.RuneStart(tail[0]); i++ {
+		tail = tail[1:]
+	}
+	return head, tail
+}
+
+// text returns what was kept: all of it, or the head, an omission line and the tail.
+func (c *capture) text() string {
+	head, tail := c.parts()
+	if tail == nil {
+		return string(head)
+	}
+	return fmt.Sprintf("%s\n[nexus: %d bytes omitted]\n%s", head, c.omitted(), tail)
+}
+
+// omitted is how many of the bytes written text leaves out.
+func (c *capture) omitted() int64 {
+	head, tail := c.parts()
+	if tail == nil {
+		return 0
+	}
+	return c.total - int64(len(head)) - int64(len(tail))
 }
 
 type execArgs struct {
@@ -164,8 +214,8 @@ func runCommand(ctx context.Context, c *api.Client, req api.ExecRequest, stdin *
 	}
 	return &ExecResult{
 		ExitCode: exit.Code, Signal: exit.Signal, Error: oneLine(exit.Error),
-		Stdout: stdout.text(), StdoutBytes: stdout.total, StdoutTruncated: stdout.truncated(),
-		Stderr: stderr.text(), StderrBytes: stderr.total, StderrTruncated: stderr.truncated(),
+		Stdout: stdout.text(), StdoutBytes: stdout.total, StdoutTruncated: stdout.truncated(), StdoutOmitted: stdout.omitted(),
+		Stderr: stderr.text(), StderrBytes: stderr.total, StderrTruncated: stderr.truncated(), StderrOmitted: stderr.omitted(),
 	}, nil
 }
 

@@ -76,7 +76,7 @@ func newStack(t *testing.T, withVMM bool) *stack {
 // driving it.
 func connectMCP(t *testing.T, ctx context.Context, b *testutil.Bus) (*Server, *client.Client) {
 	t.Helper()
-	srv, err := New(Config{Log: zerolog.Nop(), Version: "test", Dial: func(ctx context.Context) (*nats.Conn, error) {
+	srv, err := New(Config{Log: zerolog.Nop(), Version: "test", ValidateOutput: true, Dial: func(ctx context.Context) (*nats.Conn, error) {
 		return bus.Connect(ctx, bus.ConnectConfig{Home: b.Home, User: bus.UserCLI, URL: b.URL})
 	}})
 	if err != nil {

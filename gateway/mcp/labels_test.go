@@ -10,7 +10,7 @@ import (
 func TestLabelsAreValidatedNotRewritten(t *testing.T) {
 	st := newStack(t, false)
 	for _, labels := range []map[string]string{{"a=b": "c"}, {"task": "x\ny"}, {"": "v"}} {
-		msg, _ := st.fails(t, "sandbox_create", map[string]any{"name": "lbl", "image": "nexus-mini", "labels": labels})
+		msg, _ := st.fails(t, "sandbox_create", map[string]any{"start": true, "name": "lbl", "image": "nexus-mini", "labels": labels})
 		if !strings.Contains(msg, "invalid label") {
 			t.Errorf("labels %q: %s", labels, msg)
 		}

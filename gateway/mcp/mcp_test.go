@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,7 +46,7 @@ func TestToolsList(t *testing.T) {
 		got[tool.Name] = raw.InputSchema
 	}
 	want := map[string]struct{ required, optional []string }{
-		"sandbox_create":           {[]string{"name"}, []string{"project", "remove_on_exit", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "allow_private", "secrets", "labels", "repos", "config", "ttl", "idle_timeout"}},
+		"sandbox_create":           {[]string{"name"}, []string{"project", "remove_on_exit", "start", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "allow_private", "secrets", "labels", "repos", "config", "ttl", "idle_timeout"}},
 		"sandbox_list":             {nil, []string{"all", "selector"}},
 		"sandbox_get":              {[]string{"name"}, nil},
 		"sandbox_start":            {[]string{"name"}, nil},
@@ -57,11 +58,11 @@ func TestToolsList(t *testing.T) {
 		"sandbox_run":              {[]string{"image", "argv"}, []string{"memory", "vcpus", "project", "name", "env", "stdin", "timeout"}},
 		"sandbox_logs":             {[]string{"name"}, []string{"cursor", "max_bytes"}},
 		"sandbox_ports":            {[]string{"name"}, nil},
-		"egress_audit":             {[]string{"sandbox"}, []string{"limit", "since", "denied"}},
+		"egress_audit":             {[]string{"name"}, []string{"limit", "since", "denied"}},
 		"delegate_worktree_create": {[]string{"repo_path"}, []string{"name", "base", "project", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts"}},
-		"delegate_agent_dispatch":  {[]string{"sandbox", "brief"}, []string{"command"}},
-		"delegate_agent_poll":      {[]string{"sandbox"}, []string{"commits"}},
-		"delegate_teardown":        {[]string{"sandbox"}, []string{"force"}},
+		"delegate_agent_dispatch":  {[]string{"name", "brief"}, []string{"command"}},
+		"delegate_agent_poll":      {[]string{"name"}, []string{"commits"}},
+		"delegate_teardown":        {[]string{"name"}, []string{"force"}},
 		"sandbox_snapshot":         {[]string{"name", "snapshot"}, nil},
 		"sandbox_fork":             {[]string{"snapshot", "name"}, []string{"labels"}},
 	}
@@ -109,7 +110,7 @@ func keys[M ~map[string]V, V any](m M) []string {
 
 func TestToolErrorsWithoutVMs(t *testing.T) {
 	st := newStack(t, false)
-	msg, _ := st.fails(t, "sandbox_create", map[string]any{"name": "Bad Name!"})
+	msg, _ := st.fails(t, "sandbox_create", map[string]any{"start": true, "name": "Bad Name!"})
 	if !strings.Contains(msg, `invalid sandbox name "Bad Name!"`) {
 		t.Errorf("bad name: %q", msg)
 	}
@@ -137,7 +138,7 @@ func TestToolErrorsWithoutVMs(t *testing.T) {
 		t.Errorf("bad cursor: %q", msg)
 	}
 	// A create that reaches the gateway but no vmm: the gateway's message, as a tool error.
-	msg, _ = st.fails(t, "sandbox_create", map[string]any{"name": "novm", "image": "nexus-mini"})
+	msg, _ = st.fails(t, "sandbox_create", map[string]any{"start": true, "name": "novm", "image": "nexus-mini"})
 	if !strings.Contains(msg, "vmm") {
 		t.Errorf("create without vmm: %q", msg)
 	}
@@ -320,14 +321,18 @@ func TestDelegationFlow(t *testing.T) {
 
 func TestExecOutputLimits(t *testing.T) {
 	st := newStack(t, true)
-	st.ok(t, "sandbox_create", map[string]any{"name": "box", "image": "nexus-mini", "labels": map[string]string{"task": "42"}}, nil)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "box", "image": "nexus-mini", "labels": map[string]string{"task": "42"}}, nil)
 	var r ExecResult
+	// Over 64 KiB a stream keeps its first and last 32 KiB: a failing build's error is at the end.
 	st.ok(t, "sandbox_exec", map[string]any{"name": "box", "argv": []string{"sh", "-c",
-		"head -c 102400 /dev/zero | tr '\\0' a; head -c 70000 /dev/zero | tr '\\0' b >&2; exit 7"}}, &r)
-	if r.ExitCode != 7 || r.StdoutBytes != 102400 || len(r.Stdout) != OutputLimit || !r.StdoutTruncated ||
-		r.StderrBytes != 70000 || len(r.Stderr) != OutputLimit || !r.StderrTruncated {
-		t.Errorf("exec: code %d stdout %d/%d %v stderr %d/%d %v", r.ExitCode, len(r.Stdout), r.StdoutBytes, r.StdoutTruncated,
-			len(r.Stderr), r.StderrBytes, r.StderrTruncated)
+		"printf START; head -c 102390 /dev/zero | tr '\\0' a; printf 'error: at the end'; head -c 70000 /dev/zero | tr '\\0' b >&2; exit 7"}}, &r)
+	omitted := fmt.Sprintf("\n[nexus: %d bytes omitted]\n", 102412-OutputLimit)
+	if r.ExitCode != 7 || r.StdoutBytes != 102412 || !r.StdoutTruncated || r.StdoutOmitted != 102412-OutputLimit ||
+		len(r.Stdout) != OutputLimit+len(omitted) || !strings.HasPrefix(r.Stdout, "START") || !strings.HasSuffix(r.Stdout, "error: at the end") ||
+		!strings.Contains(r.Stdout, omitted) ||
+		r.StderrBytes != 70000 || r.StderrOmitted != 70000-OutputLimit || !r.StderrTruncated || strings.Trim(r.Stderr, "b") == "" {
+		t.Errorf("exec: code %d stdout %d/%d %v omitted %d stderr %d/%d %v omitted %d", r.ExitCode, len(r.Stdout), r.StdoutBytes, r.StdoutTruncated, r.StdoutOmitted,
+			len(r.Stderr), r.StderrBytes, r.StderrTruncated, r.StderrOmitted)
 	}
 	st.ok(t, "sandbox_exec", map[string]any{"name": "box", "argv": []string{"cat"}, "stdin": "piped"}, &r)
 	if r.Stdout != "piped" || r.StdoutTruncated || r.StdoutBytes != 5 {
@@ -359,15 +364,31 @@ func TestExecOutputLimits(t *testing.T) {
 func TestCaptureKeepsWholeRunes(t *testing.T) {
 	c := &capture{limit: 8}
 	c.Write([]byte("abcdefg"))
-	c.Write([]byte("é!")) // é straddles the limit
-	if c.text() != "abcdefg" || !c.truncated() || c.total != 10 {
-		t.Errorf("text %q total %d", c.text(), c.total)
+	c.Write([]byte("é!")) // 10 bytes: head "abcd", tail "gé!"
+	if c.text() != "abcd\n[nexus: 2 bytes omitted]\ngé!" || !c.truncated() || c.total != 10 || c.omitted() != 2 {
+		t.Errorf("text %q total %d omitted %d", c.text(), c.total, c.omitted())
 	}
 	c = &capture{limit: 8}
 	c.Write([]byte("abcdef"))
 	c.Write([]byte("é"))
-	if c.text() != "abcdefé" || c.truncated() {
+	if c.text() != "abcdefé" || c.truncated() || c.omitted() != 0 {
 		t.Errorf("exact fit: %q", c.text())
+	}
+	// The head and the tail each cut an é: neither keeps half of it.
+	c = &capture{limit: 8}
+	for _, p := range []string{"abcé", "xxxx", "éfgh"} {
+		c.Write([]byte(p))
+	}
+	if c.text() != "abc\n[nexus: 8 bytes omitted]\nfgh" || c.omitted() != 8 {
+		t.Errorf("cut runes: %q omitted %d", c.text(), c.omitted())
+	}
+	// Byte by byte, the tail ring keeps the last bytes in order.
+	c = &capture{limit: 6}
+	for _, b := range []byte("0123456789") {
+		c.Write([]byte{b})
+	}
+	if c.text() != "012\n[nexus: 4 bytes omitted]\n789" {
+		t.Errorf("ring: %q", c.text())
 	}
 }
 
@@ -412,7 +433,7 @@ func TestSandboxRun(t *testing.T) {
 	})
 
 	// Never removes a sandbox it did not make.
-	st.ok(t, "sandbox_create", map[string]any{"name": "keep", "image": "nexus-mini"}, nil)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "keep", "image": "nexus-mini"}, nil)
 	msg, _ = st.fails(t, "sandbox_run", map[string]any{"image": "nexus-mini", "argv": []string{"true"}, "name": "keep"})
 	if !strings.Contains(msg, "keep") {
 		t.Errorf("run over an existing name: %q", msg)
@@ -433,8 +454,8 @@ func requireNoSandboxes(t *testing.T, st *stack) {
 
 func TestRemoveOnExit(t *testing.T) {
 	st := newStack(t, true)
-	st.ok(t, "sandbox_create", map[string]any{"name": "tmp", "project": "p", "remove_on_exit": true, "image": "nexus-mini"}, nil)
-	st.ok(t, "sandbox_create", map[string]any{"name": "stays", "image": "nexus-mini"}, nil)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "tmp", "project": "p", "remove_on_exit": true, "image": "nexus-mini"}, nil)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "stays", "image": "nexus-mini"}, nil)
 	st.srv.Close()
 	if _, err := st.gw.Get(context.Background(), "p/tmp"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("remove_on_exit sandbox: %v", err)
@@ -446,7 +467,7 @@ func TestRemoveOnExit(t *testing.T) {
 
 func TestSandboxLogsCursor(t *testing.T) {
 	st := newStack(t, true)
-	st.ok(t, "sandbox_create", map[string]any{"name": "box", "image": "nexus-mini"}, nil)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "box", "image": "nexus-mini"}, nil)
 	full := "boot: ok\nagent: ready ✓\n"
 	var r LogsResult
 	st.ok(t, "sandbox_logs", map[string]any{"name": "box", "max_bytes": len(full) - 2}, &r)
@@ -467,7 +488,7 @@ func TestSandboxLogsCursor(t *testing.T) {
 func TestEgressAudit(t *testing.T) {
 	st := newStack(t, true)
 	var sb api.Sandbox
-	st.ok(t, "sandbox_create", map[string]any{"name": "box", "image": "nexus-mini"}, &sb)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "box", "image": "nexus-mini"}, &sb)
 	var r AuditResult
 	st.ok(t, "egress_audit", map[string]any{"sandbox": "box"}, &r)
 	if r.Events == nil || len(r.Events) != 0 {
@@ -550,7 +571,7 @@ func TestCreateWithConfigAndRepos(t *testing.T) {
 	good := filepath.Join(dir, "config.yaml")
 	os.WriteFile(good, []byte("version: 1\negress:\n  allow:\n    - registry.npmjs.org\n"), 0o644)
 	var sb api.Sandbox
-	st.ok(t, "sandbox_create", map[string]any{"name": "cfg", "image": "nexus-mini", "config": good, "repos": []string{"acme/app"}}, &sb)
+	st.ok(t, "sandbox_create", map[string]any{"start": true, "name": "cfg", "image": "nexus-mini", "config": good, "repos": []string{"acme/app"}}, &sb)
 	if sb.Config == nil || sb.Config.Source != good || !slices.Contains(sb.Config.Egress.Allow, "registry.npmjs.org") {
 		t.Errorf("config not applied: %+v", sb.Config)
 	}
@@ -559,11 +580,11 @@ func TestCreateWithConfigAndRepos(t *testing.T) {
 	}
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("version: 1\negress:\n  allow: nope\n"), 0o644)
-	msg, _ := st.fails(t, "sandbox_create", map[string]any{"name": "bad", "image": "nexus-mini", "config": bad})
+	msg, _ := st.fails(t, "sandbox_create", map[string]any{"start": true, "name": "bad", "image": "nexus-mini", "config": bad})
 	if !strings.Contains(msg, bad+":3") {
 		t.Errorf("bad config: %q", msg)
 	}
-	msg, _ = st.fails(t, "sandbox_create", map[string]any{"name": "missing", "image": "nexus-mini", "config": filepath.Join(dir, "none.yaml")})
+	msg, _ = st.fails(t, "sandbox_create", map[string]any{"start": true, "name": "missing", "image": "nexus-mini", "config": filepath.Join(dir, "none.yaml")})
 	if !strings.Contains(msg, "none.yaml") {
 		t.Errorf("missing config: %q", msg)
 	}

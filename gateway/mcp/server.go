@@ -38,7 +38,16 @@ type Config struct {
 	// Authorize, when set, is asked before every tool call (the HTTP API checks the caller's
 	// token scope); its error is the tool's error.
 	Authorize func(ctx context.Context, tool string, req mcpgo.CallToolRequest) error
+	// ValidateOutput checks each structured result against its tool's outputSchema (a result
+	// that does not match becomes a tool error); tests set it.
+	ValidateOutput bool
 }
+
+// instructions are what the server tells a client in the initialize handshake.
+const instructions = "nexus runs each task in its own Linux microVM with default-deny egress. " +
+	"Use sandbox_run for one-shot commands, sandbox_create with start: true then sandbox_exec for longer work, and the " +
+	"delegate_* tools to hand a git worktree of a host repo to an in-guest agent. A refused connection shows in egress_audit " +
+	"with the rule that refused it."
 
 // Server is the MCP server.
 type Server struct {
@@ -61,15 +70,14 @@ func New(cfg Config) (*Server, error) {
 		cfg.Version = "dev"
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, onExit: map[string]bool{}}
-	s.mcp = server.NewMCPServer("nexus", cfg.Version,
-		server.WithToolCapabilities(false),
-		server.WithRecovery(),
-		server.WithInstructions("nexus runs each task in its own Linux microVM with default-deny egress. "+
-			"Use sandbox_run for one-shot commands, sandbox_create + sandbox_exec for longer work, and the "+
-			"delegate_* tools to hand a git worktree of a host repo to an in-guest agent."),
-	)
+	opts := []server.ServerOption{server.WithToolCapabilities(false), server.WithRecovery(),
+		server.WithInstructions(instructions)}
+	if cfg.ValidateOutput {
+		opts = append(opts, server.WithOutputSchemaValidation())
+	}
+	s.mcp = server.NewMCPServer("nexus", cfg.Version, opts...)
 	for _, t := range append(s.tools(), s.snapshotTools()...) {
-		s.mcp.AddTool(t.tool, s.wrap(t.tool.Name, t.handler))
+		s.mcp.AddTool(t.tool, s.wrap(t))
 	}
 	return s, nil
 }
@@ -146,6 +154,8 @@ type handlerFunc func(ctx context.Context, req mcpgo.CallToolRequest) (any, erro
 type toolDef struct {
 	tool    mcpgo.Tool
 	handler handlerFunc
+	// refuse maps an argument some caller may expect to the sentence refusing it.
+	refuse map[string]string
 }
 
 // toolError is an error with structured details for the client (e.g. the changed files of a
@@ -159,19 +169,24 @@ func (e *toolError) Error() string { return e.msg }
 
 // wrap turns a handlerFunc into an mcp-go handler: results become structured content with a
 // JSON text fallback, errors become tool errors with one readable line.
-func (s *Server) wrap(name string, fn handlerFunc) server.ToolHandlerFunc {
+func (s *Server) wrap(t toolDef) server.ToolHandlerFunc {
+	name := t.tool.Name
 	return func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 		start := time.Now()
+		// The arguments are checked first, so the authorizer sees exactly what the handler will.
+		args, err := checkArgs(t.tool, t.refuse, req.GetRawArguments())
 		var out any
-		var err error
-		if s.cfg.Authorize != nil {
-			err = s.cfg.Authorize(ctx, name, req)
+		if err == nil {
+			req.Params.Arguments, req.Params.RawArguments = args, nil
+			if s.cfg.Authorize != nil {
+				err = s.cfg.Authorize(ctx, name, req)
+			}
 		}
 		if err == nil {
-			out, err = fn(ctx, req)
+			out, err = t.handler(ctx, req)
 		}
 		if err != nil {
-			msg := oneLine(err.Error())
+			msg := userTerms(oneLine(err.Error()))
 			s.log.Info().Str("tool", name).Str("error", msg).Dur("took", time.Since(start)).Msg("tool failed")
 			res := mcpgo.NewToolResultError(msg)
 			var te *toolError
@@ -187,17 +202,6 @@ func (s *Server) wrap(name string, fn handlerFunc) server.ToolHandlerFunc {
 		s.log.Debug().Str("tool", name).Dur("took", time.Since(start)).Msg("tool done")
 		return mcpgo.NewToolResultStructuredOnly(out), nil
 	}
-}
-
-// bind decodes the tool arguments into v; a type mismatch is the caller's error.
-func bind(req mcpgo.CallToolRequest, v any) error {
-	if req.GetRawArguments() == nil {
-		return nil
-	}
-	if err := req.BindArguments(v); err != nil {
-		return errdefs.Invalid("invalid arguments: %v", err)
-	}
-	return nil
 }
 
 // oneLine makes an error message fit one line.

@@ -17,19 +17,21 @@ const (
 
 func (s *Server) snapshotTools() []toolDef {
 	return []toolDef{
-		{mcpgo.NewTool(ToolSandboxSnapshot,
+		{tool: mcpgo.NewTool(ToolSandboxSnapshot,
 			mcpgo.WithDescription("Snapshot a running sandbox (memory, device state, disk and named volumes) under a name, for sandbox_fork. "+
 				"The sandbox is paused for the copy and resumes. Refused on a sandbox with live mounts (the error names each host→guest pair)."),
-			nameProp("name"),
+			nameProp(),
 			mcpgo.WithString("snapshot", mcpgo.Required(), mcpgo.Description("snapshot name: 1-63 of a-z 0-9 - _")),
-		), s.sandboxSnapshot},
-		{mcpgo.NewTool(ToolSandboxFork,
+			hints{title: "Snapshot sandbox"}.opt(), mcpgo.WithOutputSchema[api.Snapshot](),
+		), handler: s.sandboxSnapshot},
+		{tool: mcpgo.NewTool(ToolSandboxFork,
 			mcpgo.WithDescription("Boot a new sandbox from a snapshot in a fraction of a cold boot: processes that ran in the parent keep running, "+
 				"memory is shared copy-on-write, and the fork gets its own hostname, network, placeholders and clock. Returns the new sandbox record."),
 			mcpgo.WithString("snapshot", mcpgo.Required(), mcpgo.Description("snapshot name (or a sandbox name: it is snapshotted first as <name>-base)")),
 			mcpgo.WithString("name", mcpgo.Required(), mcpgo.Description("name of the new sandbox: [project/]name")),
 			mcpgo.WithObject("labels", mcpgo.Description("labels key=value for selection"), mcpgo.AdditionalProperties(map[string]any{"type": "string"})),
-		), s.sandboxFork},
+			hints{title: "Fork sandbox from a snapshot"}.opt(), mcpgo.WithOutputSchema[api.Sandbox](),
+		), handler: s.sandboxFork},
 	}
 }
 

@@ -28,25 +28,57 @@ const (
 	ToolDelegateTeardown = "delegate_teardown"
 )
 
-// nameProp is the sandbox name argument every per-sandbox tool takes.
-func nameProp(key string) mcpgo.ToolOption {
-	return mcpgo.WithString(key, mcpgo.Required(), mcpgo.Description("sandbox name: [project/]name (project defaults to \"default\")"))
+// nameProp is the sandbox name argument every per-sandbox tool takes (alias: sandbox).
+func nameProp() mcpgo.ToolOption {
+	return mcpgo.WithString("name", mcpgo.Required(), mcpgo.Description("sandbox name: [project/]name (project defaults to \"default\"); sandbox is accepted as an alias"))
 }
 
+// hints are a tool's annotations (MCP's defaults, when unset, are the opposite of safe:
+// destructive and open-world), and its title.
+type hints struct {
+	title                                        string
+	readOnly, destructive, idempotent, openWorld bool
+}
+
+func (h hints) opt() mcpgo.ToolOption {
+	return func(t *mcpgo.Tool) {
+		t.Title = h.title
+		t.Annotations = mcpgo.ToolAnnotation{Title: h.title, ReadOnlyHint: mcpgo.ToBoolPtr(h.readOnly),
+			DestructiveHint: mcpgo.ToBoolPtr(h.destructive), IdempotentHint: mcpgo.ToBoolPtr(h.idempotent), OpenWorldHint: mcpgo.ToBoolPtr(h.openWorld)}
+	}
+}
+
+// reader is the hints of a tool that only reads.
+func reader(title string) mcpgo.ToolOption {
+	return hints{title: title, readOnly: true, idempotent: true}.opt()
+}
+
+// CreateDescription is sandbox_create's description: what it mints, and the egress a new
+// sandbox gets.
+const CreateDescription = "Mint a new sandbox record (project, name, remove_on_exit) and leave it created; pass start: true to boot it in the same call " +
+	"(the result then comes once its guest agent answers), or call sandbox_start. Egress is curated by default: only the agent profile's hosts " +
+	"(claude-code: api.anthropic.com, platform.claude.com), allowed_hosts, the hosts of repos and those of the project config are reachable, " +
+	"and every private, loopback or metadata address is refused; egress: none cuts it off, allow-all[=DURATION] opens it."
+
+// ExecDescription is sandbox_exec's description, the result shape included.
+const ExecDescription = "Run a command inside an existing sandbox and wait for it; returns {exit_code, stdout, stderr, stdout_bytes, stderr_bytes, " +
+	"stdout_truncated, stderr_truncated, stdout_omitted, stderr_omitted, signal, error}. Output over 64 KiB per stream keeps its first and last 32 KiB " +
+	"(a failing build's error is at the end) joined by a line saying how many bytes were left out: *_bytes count everything the command wrote, " +
+	"*_omitted what was cut. signal is set when a signal killed it; error, when set, says why the command did not run or did not finish (e.g. not found, timed out)."
+
 func (s *Server) tools() []toolDef {
-	ro := mcpgo.WithReadOnlyHintAnnotation(true)
 	return []toolDef{
-		{mcpgo.NewTool(ToolSandboxCreate,
-			mcpgo.WithDescription("Create a sandbox (a Linux microVM) and boot it; returns the sandbox record once its guest agent answers. "+
-				"Egress is none unless allowed_hosts or egress say otherwise."),
+		{tool: mcpgo.NewTool(ToolSandboxCreate,
+			mcpgo.WithDescription(CreateDescription),
 			mcpgo.WithString("name", mcpgo.Required(), mcpgo.Description("sandbox name, or project/name")),
 			mcpgo.WithString("project", mcpgo.Description("project of the sandbox (default \"default\")")),
 			mcpgo.WithBoolean("remove_on_exit", mcpgo.Description("remove the sandbox when this MCP server exits")),
+			mcpgo.WithBoolean("start", mcpgo.Description("boot the sandbox now, as sandbox_start would (default false: the sandbox stays created)")),
 			mcpgo.WithString("image", mcpgo.Description("root image: nexus-base (default), nexus-mini, …")),
 			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
 			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),
 			mcpgo.WithString("agent", mcpgo.Description("agent profile (default claude-code); an unknown name is refused")),
-			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated, allow-all[=DURATION] or none")),
+			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated (default), allow-all[=DURATION] or none")),
 			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("hosts the sandbox may reach: host[:port]; a bare host means 443 and 80")),
 			mcpgo.WithArray("allow_private", mcpgo.WithStringItems(), mcpgo.Description("private network CIDRs (RFC 1918, CGNAT, link-local, ULA) allowed names may lead to, e.g. 10.20.0.0/16; every other private, loopback or metadata address is refused")),
 			mcpgo.WithArray("secrets", mcpgo.WithStringItems(), mcpgo.Description("named secrets from `nexus secret set` to broker: NAME@host[,host][:header=NAME]; only to hosts the secret was stored for (`nexus secret set NAME --host`)")),
@@ -55,38 +87,43 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithString("config", mcpgo.Description("project config file (.nexus/config.yaml) on the host; default: .nexus/config.yaml at the git root of this server's working directory, if any")),
 			mcpgo.WithString("ttl", mcpgo.Description("remove the sandbox this long after create, whatever its state: 30m, 2h, 7d (default: never)")),
 			mcpgo.WithString("idle_timeout", mcpgo.Description("pause the sandbox after this long without exec or network activity and under 5% CPU; the next exec resumes it: 10m, 1h (default: never)")),
-		), s.sandboxCreate},
-		{mcpgo.NewTool(ToolSandboxList,
+			hints{title: "Create sandbox"}.opt(), mcpgo.WithOutputSchema[api.Sandbox](),
+		), handler: s.sandboxCreate},
+		{tool: mcpgo.NewTool(ToolSandboxList,
 			mcpgo.WithDescription("List sandboxes with their state, image, agent, egress and labels"),
 			mcpgo.WithBoolean("all", mcpgo.Description("include stopped and failed sandboxes (default true)"), mcpgo.DefaultBool(true)),
 			mcpgo.WithString("selector", mcpgo.Description("label selector: k=v, k!=v or k, comma-separated")),
-			ro,
-		), s.sandboxList},
-		{mcpgo.NewTool(ToolSandboxGet,
+			reader("List sandboxes"), mcpgo.WithOutputSchema[listResult](),
+		), handler: s.sandboxList},
+		{tool: mcpgo.NewTool(ToolSandboxGet,
 			mcpgo.WithDescription("Show one sandbox's record: state (and why it failed), image, resources, egress, mounts"),
-			nameProp("name"), ro,
-		), s.sandboxGet},
-		{mcpgo.NewTool(ToolSandboxStart, mcpgo.WithDescription("Start a created or stopped sandbox"), nameProp("name")), s.applyVerb(ToolSandboxStart)},
-		{mcpgo.NewTool(ToolSandboxStop, mcpgo.WithDescription("Stop a running sandbox; its disk is kept"), nameProp("name"),
-			mcpgo.WithBoolean("force", mcpgo.Description("kill the VM instead of a clean shutdown"))), s.applyVerb(ToolSandboxStop)},
-		{mcpgo.NewTool(ToolSandboxPause, mcpgo.WithDescription("Pause a running sandbox"), nameProp("name")), s.applyVerb(ToolSandboxPause)},
-		{mcpgo.NewTool(ToolSandboxResume, mcpgo.WithDescription("Resume a paused sandbox"), nameProp("name")), s.applyVerb(ToolSandboxResume)},
-		{mcpgo.NewTool(ToolSandboxRemove, mcpgo.WithDescription("Remove a sandbox and everything it owns (VM, disk, network)"), nameProp("name"),
+			nameProp(), reader("Show sandbox"), mcpgo.WithOutputSchema[api.Sandbox](),
+		), handler: s.sandboxGet},
+		{tool: mcpgo.NewTool(ToolSandboxStart, mcpgo.WithDescription("Start a created or stopped sandbox (a paused one is resumed); returns once its guest agent answers"), nameProp(),
+			hints{title: "Start sandbox", idempotent: true}.opt(), mcpgo.WithOutputSchema[applyResult]()), handler: s.applyVerb(ToolSandboxStart)},
+		{tool: mcpgo.NewTool(ToolSandboxStop, mcpgo.WithDescription("Stop a running sandbox; its disk is kept, its processes end"), nameProp(),
+			mcpgo.WithBoolean("force", mcpgo.Description("kill the VM instead of a clean shutdown")),
+			hints{title: "Stop sandbox", destructive: true, idempotent: true}.opt(), mcpgo.WithOutputSchema[applyResult]()), handler: s.applyVerb(ToolSandboxStop)},
+		{tool: mcpgo.NewTool(ToolSandboxPause, mcpgo.WithDescription("Pause a running sandbox"), nameProp(),
+			hints{title: "Pause sandbox", idempotent: true}.opt(), mcpgo.WithOutputSchema[applyResult]()), handler: s.applyVerb(ToolSandboxPause)},
+		{tool: mcpgo.NewTool(ToolSandboxResume, mcpgo.WithDescription("Resume a paused sandbox"), nameProp(),
+			hints{title: "Resume sandbox", idempotent: true}.opt(), mcpgo.WithOutputSchema[applyResult]()), handler: s.applyVerb(ToolSandboxResume)},
+		{tool: mcpgo.NewTool(ToolSandboxRemove, mcpgo.WithDescription("Remove a sandbox record and everything it owns (VM, disk, network)"), nameProp(),
 			mcpgo.WithBoolean("force", mcpgo.Description("remove it even if it is running (default true)"), mcpgo.DefaultBool(true)),
-			mcpgo.WithDestructiveHintAnnotation(true)), s.applyVerb(ToolSandboxRemove)},
-		{mcpgo.NewTool(ToolSandboxExec,
-			mcpgo.WithDescription("Run a command inside an existing sandbox and wait for it; returns {exit_code, stdout, stderr, stdout_bytes, stderr_bytes, "+
-				"stdout_truncated, stderr_truncated}. Each stream keeps its first 64 KiB; *_bytes count everything the command wrote."),
-			nameProp("name"),
+			hints{title: "Remove sandbox", destructive: true, idempotent: true}.opt(), mcpgo.WithOutputSchema[applyResult]()), handler: s.applyVerb(ToolSandboxRemove)},
+		{tool: mcpgo.NewTool(ToolSandboxExec,
+			mcpgo.WithDescription(ExecDescription),
+			nameProp(),
 			mcpgo.WithArray("argv", mcpgo.Required(), mcpgo.WithStringItems(), mcpgo.MinItems(1), mcpgo.Description("command and arguments, e.g. [\"sh\",\"-c\",\"make test\"]")),
 			mcpgo.WithArray("env", mcpgo.WithStringItems(), mcpgo.Description("extra environment: KEY=VALUE")),
 			mcpgo.WithString("workdir", mcpgo.Description("working directory in the guest")),
 			mcpgo.WithString("stdin", mcpgo.Description("text written to the command's stdin, then closed")),
 			mcpgo.WithString("timeout", mcpgo.Description("kill the command after this long, e.g. 30s or 5m (default 10m); exit code 124")),
-		), s.sandboxExec},
-		{mcpgo.NewTool(ToolSandboxRun,
+			hints{title: "Run command in sandbox", destructive: true, openWorld: true}.opt(), mcpgo.WithOutputSchema[ExecResult](),
+		), handler: s.sandboxExec},
+		{tool: mcpgo.NewTool(ToolSandboxRun,
 			mcpgo.WithDescription("Ephemeral create+boot+exec+remove in one call. The sandbox is removed unconditionally: on success, on error and on timeout. "+
-				"Returns the sandbox_exec result plus the sandbox name."),
+				"Returns the sandbox_exec result plus the sandbox name (and remove_error if removing it failed)."),
 			mcpgo.WithString("image", mcpgo.Required(), mcpgo.Description("root image, e.g. nexus-base or nexus-mini")),
 			mcpgo.WithArray("argv", mcpgo.Required(), mcpgo.WithStringItems(), mcpgo.MinItems(1), mcpgo.Description("command and arguments")),
 			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
@@ -96,27 +133,28 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithArray("env", mcpgo.WithStringItems(), mcpgo.Description("extra environment: KEY=VALUE")),
 			mcpgo.WithString("stdin", mcpgo.Description("text written to the command's stdin, then closed")),
 			mcpgo.WithString("timeout", mcpgo.Description("kill the command after this long (default 10m); exit code 124")),
-		), s.sandboxRun},
-		{mcpgo.NewTool(ToolSandboxLogs,
+			hints{title: "Run command in a throwaway sandbox", openWorld: true}.opt(), mcpgo.WithOutputSchema[ExecResult](),
+		), handler: s.sandboxRun},
+		{tool: mcpgo.NewTool(ToolSandboxLogs,
 			mcpgo.WithDescription("Read a sandbox's console log (kernel and guest agent) from a cursor; call again with next_cursor to follow it"),
-			nameProp("name"),
+			nameProp(),
 			mcpgo.WithString("cursor", mcpgo.Description("next_cursor of the previous call; omit to read from the start")),
 			mcpgo.WithInteger("max_bytes", mcpgo.Description("at most this many bytes (default and cap 65536)"), mcpgo.Min(0)),
-			ro,
-		), s.sandboxLogs},
-		{mcpgo.NewTool(ToolSandboxPorts,
+			reader("Read sandbox console log"), mcpgo.WithOutputSchema[LogsResult](),
+		), handler: s.sandboxLogs},
+		{tool: mcpgo.NewTool(ToolSandboxPorts,
 			mcpgo.WithDescription("List the guest listeners forwarded to 127.0.0.1 on the host at the same port"),
-			nameProp("name"), ro,
-		), s.sandboxPorts},
-		{mcpgo.NewTool(ToolEgressAudit,
-			mcpgo.WithDescription("Recent egress decisions (dns, l4, tls, http, credential swaps, git relay) of a sandbox, oldest first"),
-			nameProp("sandbox"),
+			nameProp(), reader("List forwarded ports"), mcpgo.WithOutputSchema[PortsResult](),
+		), handler: s.sandboxPorts},
+		{tool: mcpgo.NewTool(ToolEgressAudit,
+			mcpgo.WithDescription("Recent egress decisions (dns, l4, tls, http, credential swaps, git relay) of a sandbox, oldest first; a denial's rule says which check refused it"),
+			nameProp(),
 			mcpgo.WithInteger("limit", mcpgo.Description("at most this many of the most recent events (default 100, cap 1000)"), mcpgo.Min(0)),
 			mcpgo.WithString("since", mcpgo.Description("only events newer than this, e.g. 15m or 24h (default: all kept)")),
 			mcpgo.WithBoolean("denied", mcpgo.Description("only denied decisions")),
-			ro,
-		), s.egressAudit},
-		{mcpgo.NewTool(ToolWorktreeCreate,
+			reader("Egress audit of a sandbox"), mcpgo.WithOutputSchema[AuditResult](),
+		), handler: s.egressAudit},
+		{tool: mcpgo.NewTool(ToolWorktreeCreate,
 			mcpgo.WithDescription("Create a git worktree of a host repo on a new branch nexus/<name> and a sandbox with it mounted at /workspace. "+
 				"allowed_branches is rejected if set: the branch policy is derived from the worktree's branch."),
 			mcpgo.WithString("repo_path", mcpgo.Required(), mcpgo.Description("absolute path of a git repository on the host")),
@@ -127,28 +165,31 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
 			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),
 			mcpgo.WithString("agent", mcpgo.Description("agent profile (default claude-code)")),
-			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated, allow-all[=DURATION] or none")),
+			mcpgo.WithString("egress", mcpgo.Description("egress mode: curated (default), allow-all[=DURATION] or none")),
 			mcpgo.WithArray("allowed_hosts", mcpgo.WithStringItems(), mcpgo.Description("extra hosts the sandbox may reach")),
-		), s.delegateWorktreeCreate},
-		{mcpgo.NewTool(ToolAgentDispatch,
+			hints{title: "Delegate a worktree"}.opt(), mcpgo.WithOutputSchema[api.WorktreeResult](),
+		), handler: s.delegateWorktreeCreate, refuse: map[string]string{
+			"allowed_branches": "allowed_branches is not accepted: the branch policy is derived from the worktree's branch (nexus/<name>)"}},
+		{tool: mcpgo.NewTool(ToolAgentDispatch,
 			mcpgo.WithDescription("Submit a brief to the in-guest agent of a delegation sandbox: the brief is written to "+api.BriefPath+
 				" and the profile's launch command is started detached, fed the brief on stdin. Returns once the brief is delivered, not when the work is done."),
-			nameProp("sandbox"),
+			nameProp(),
 			mcpgo.WithString("brief", mcpgo.Required(), mcpgo.Description("the task, in prose")),
 			mcpgo.WithArray("command", mcpgo.WithStringItems(), mcpgo.Description("launch this instead of the agent profile's command (absolute path first)")),
-		), s.delegateAgentDispatch},
-		{mcpgo.NewTool(ToolAgentPoll,
+			hints{title: "Dispatch a brief to the delegated agent", openWorld: true}.opt(), mcpgo.WithOutputSchema[api.DispatchResult](),
+		), handler: s.delegateAgentDispatch},
+		{tool: mcpgo.NewTool(ToolAgentPoll,
 			mcpgo.WithDescription("Progress of a delegation: the worktree's branch, its recent commits (git log --oneline) and git status --porcelain"),
-			nameProp("sandbox"),
+			nameProp(),
 			mcpgo.WithInteger("commits", mcpgo.Description("how many recent commits (default 10, cap 100)"), mcpgo.Min(0)),
-			ro,
-		), s.delegateAgentPoll},
-		{mcpgo.NewTool(ToolDelegateTeardown,
+			reader("Poll a delegation"), mcpgo.WithOutputSchema[api.PollResult](),
+		), handler: s.delegateAgentPoll},
+		{tool: mcpgo.NewTool(ToolDelegateTeardown,
 			mcpgo.WithDescription("Remove a delegation's sandbox and its worktree (the branch and its commits stay). "+
 				"A dirty worktree returns a structured error listing the changed files unless force is true, which discards them."),
-			nameProp("sandbox"),
+			nameProp(),
 			mcpgo.WithBoolean("force", mcpgo.Description("discard uncommitted changes")),
-			mcpgo.WithDestructiveHintAnnotation(true),
-		), s.delegateTeardown},
+			hints{title: "Tear down a delegation", destructive: true, idempotent: true}.opt(), mcpgo.WithOutputSchema[api.TeardownResult](),
+		), handler: s.delegateTeardown},
 	}
 }

@@ -26,6 +26,9 @@ type CreateRequest struct {
 	MountNamed    []string          `json:"mount_named,omitempty"` // name:guest[,kind=disk]
 	NoPortForward bool              `json:"no_port_forward,omitempty"`
 	Ephemeral     bool              `json:"ephemeral,omitempty"`
+	// NoStart leaves the new sandbox created (a record, no VM) for a later start; the MCP
+	// sandbox_create does this unless asked to start.
+	NoStart bool `json:"no_start,omitempty"`
 	// TTL, when set, is how long the sandbox may live: it is removed at CreatedAt+TTL, whatever
 	// its state (ParseTTL: a Go duration or whole days, e.g. 90m, 2h30m, 7d).
 	TTL string `json:"ttl,omitempty"`
