@@ -25,7 +25,7 @@ IS_VM_PKG = $$1 ~ "^$(MODULE)/($(subst $(empty) $(empty),|,$(VM_DIRS)))(/|$$)" |
 VM_PKGS = $$($(LIST_TEST_IMPORTS) | awk '$(IS_VM_PKG) {print $$1}')
 UNIT_PKGS = $$($(LIST_TEST_IMPORTS) | awk '!($(IS_VM_PKG)) {print $$1}')
 
-.PHONY: all build build-e2e deps apt run test test-unit test-vm list-test-pkgs bench clean
+.PHONY: all build build-e2e install deps apt run test test-unit test-vm list-test-pkgs bench clean
 
 all: build
 
@@ -44,6 +44,14 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/nexus-agent ./services/vmm/agent/cmd/nexus-agent
 	$(GO) build -o $(BIN)/nexus .
+
+# install puts nexus and its guest agent (found beside it) in $(PREFIX)/bin, on PATH, so that
+# `claude mcp add --transport stdio nexus -- nexus mcp` and the Claude Code plugin find it.
+PREFIX ?= /usr/local
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN)/nexus $(BIN)/nexus-agent $(DESTDIR)$(PREFIX)/bin/
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/nexus"
 
 # build-e2e builds the crash tests' nexus into $(BIN)/failpoints: the same binary with the
 # failpoints of pkg/failpoint armed (build tag nexus_failpoints). `make build` never sets it.
