@@ -1,0 +1,382 @@
+package api_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/IniZio/nexus/gateway/httpapi"
+)
+
+// box is the one sandbox of the package; its name's slash travels as %2F.
+const box = "api/box"
+
+var boxPath = "/v1/sandboxes/" + url.PathEscape(box)
+
+type reply struct {
+	status int
+	body   []byte
+	header http.Header
+}
+
+func (r reply) code() string {
+	var eb httpapi.ErrorBody
+	json.Unmarshal(r.body, &eb)
+	return eb.Error.Code
+}
+
+func (r reply) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("%s: %v", r.body, err)
+	}
+}
+
+// call sends one request with token (none when empty); hdr are header pairs ("Host" sets the
+// request's Host).
+func call(t *testing.T, token, method, path string, body io.Reader, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, base+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+		} else {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, body: b, header: resp.Header}
+}
+
+func jsonBody(v any) io.Reader {
+	b, _ := json.Marshal(v)
+	return bytes.NewReader(b)
+}
+
+func must(t *testing.T, r reply, status int) reply {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d: %s", r.status, status, r.body)
+	}
+	return r
+}
+
+// TestAPI is every surface of the API on one sandbox.
+func TestAPI(t *testing.T) {
+	write, read := tokens["write"], tokens["read"]
+
+	t.Run("refused", func(t *testing.T) {
+		for _, c := range []struct {
+			name, token string
+			hdr         []string
+			status      int
+		}{
+			{"no token", "", nil, 401},
+			{"bad token", httpapi.TokenPrefix + strings.Repeat("ab", 32), nil, 401},
+			{"foreign origin", read, []string{"Origin", "https://evil.example"}, 403},
+			{"rebound host", read, []string{"Host", "rebind.evil.example"}, 403},
+		} {
+			r := call(t, c.token, "GET", "/v1/sandboxes", nil, c.hdr...)
+			if r.status != c.status || r.code() != "refused" {
+				t.Errorf("%s: %d %s", c.name, r.status, r.body)
+			}
+		}
+		r := call(t, read, "POST", "/v1/sandboxes", jsonBody(map[string]any{"name": box, "image": "nexus-mini", "agent": "codex"}))
+		if r.status != 403 || !strings.Contains(string(r.body), "needs scope write") {
+			t.Errorf("create with a read token: %d %s", r.status, r.body)
+		}
+		r = call(t, write, "POST", "/v1/sandboxes", jsonBody(map[string]any{"name": box, "image": "nexus-mini", "agent": "codex", "mounts": []string{"/etc:/mnt"}}))
+		if r.status != 403 || !strings.Contains(string(r.body), "needs scope admin") {
+			t.Errorf("create with a host mount and a write token: %d %s", r.status, r.body)
+		}
+		// A foreign page's WebSocket never reaches the exec.
+		d := websocket.Dialer{}
+		hdr := http.Header{"Authorization": {"Bearer " + write}, "Origin": {"https://evil.example"}}
+		_, resp, err := d.Dial(strings.Replace(base, "http", "ws", 1)+boxPath+"/exec/ws?argv=true", hdr)
+		if err == nil || resp == nil || resp.StatusCode != 403 {
+			t.Errorf("cross-site WebSocket: %v %v", err, resp)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	var sb struct {
+		Name  string `json:"name"`
+		State string `json:"state"`
+	}
+	must(t, call(t, write, "POST", "/v1/sandboxes", jsonBody(map[string]any{
+		"name": box, "image": "nexus-mini", "memory_mib": 256, "agent": "codex", "labels": map[string]string{"nexus-test": "1"},
+	})), 201).decode(t, &sb)
+	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", box) })
+	if sb.Name != box || sb.State != "running" {
+		t.Fatalf("created %+v", sb)
+	}
+	if r := call(t, write, "POST", "/v1/sandboxes", jsonBody(map[string]any{"name": box, "image": "nexus-mini", "agent": "codex"})); r.status != 409 || r.code() != "conflict" {
+		t.Errorf("a second create of %s: %d %s", box, r.status, r.body)
+	}
+	var list struct {
+		Sandboxes []struct{ Name string } `json:"sandboxes"`
+	}
+	must(t, call(t, read, "GET", "/v1/sandboxes?selector=nexus-test%3D1", nil), 200).decode(t, &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].Name != box {
+		t.Errorf("list by selector: %+v", list)
+	}
+
+	t.Run("exec", func(t *testing.T) {
+		var res struct {
+			ExitCode int    `json:"exit_code"`
+			Stdout   string `json:"stdout"`
+			Stderr   string `json:"stderr"`
+		}
+		must(t, call(t, write, "POST", boxPath+"/exec", jsonBody(map[string]any{
+			"argv": []string{"sh", "-c", "echo out; cat >&2; exit 3"}, "stdin": "err\n",
+		})), 200).decode(t, &res)
+		if res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "err\n" {
+			t.Errorf("exec: %+v", res)
+		}
+		if r := call(t, write, "POST", "/v1/sandboxes/nope/exec", jsonBody(map[string]any{"argv": []string{"true"}})); r.status != 404 || r.code() != "not_found" {
+			t.Errorf("exec in a missing sandbox: %d %s", r.status, r.body)
+		}
+		if r := call(t, read, "POST", boxPath+"/exec", jsonBody(map[string]any{"argv": []string{"true"}})); r.status != 403 {
+			t.Errorf("exec with a read token: %d %s", r.status, r.body)
+		}
+	})
+
+	t.Run("exec websocket", func(t *testing.T) {
+		ws := dialExec(t, write, url.Values{"argv": {"sh", "-c", "cat; echo bye >&2; exit 7"}, "stdin": {"true"}})
+		ws.WriteMessage(websocket.BinaryMessage, append([]byte{httpapi.ChanStdin}, "hello"...))
+		ws.WriteJSON(httpapi.WSControl{Type: "stdin_close"})
+		out, errOut, exit := readExec(t, ws, nil)
+		if out != "hello" || errOut != "bye\n" || exit.Type != "exit" || exit.ExitCode != 7 {
+			t.Errorf("websocket exec: %q %q %+v", out, errOut, exit)
+		}
+	})
+
+	t.Run("exec websocket pty resize", func(t *testing.T) {
+		ws := dialExec(t, write, url.Values{"argv": {"sh", "-c", "stty size; while read x; do stty size; done"}, "stdin": {"true"}, "tty": {"true"}, "rows": {"30"}, "cols": {"90"}})
+		var seen strings.Builder
+		out, _, exit := readExec(t, ws, func(chunk string) bool {
+			seen.WriteString(chunk)
+			switch {
+			case strings.Contains(seen.String(), "40 100"):
+				ws.WriteJSON(httpapi.WSControl{Type: "kill"})
+				return true
+			case strings.Contains(seen.String(), "30 90"):
+				ws.WriteJSON(httpapi.WSControl{Type: "resize", Rows: 40, Cols: 100})
+				ws.WriteMessage(websocket.BinaryMessage, append([]byte{httpapi.ChanStdin}, '\r'))
+			}
+			return false
+		})
+		if !strings.Contains(out, "30 90") || !strings.Contains(out, "40 100") {
+			t.Errorf("pty sizes: %q (%+v)", out, exit)
+		}
+	})
+
+	t.Run("files", func(t *testing.T) {
+		q := func(p string) string { return "?path=" + url.QueryEscape(p) }
+		must(t, call(t, write, "POST", boxPath+"/files/mkdir"+q("/tmp/d/sub"), nil), 200)
+		must(t, call(t, write, "PUT", boxPath+"/files/content"+q("/tmp/d/a b.txt")+"&mode=600", strings.NewReader("hello api")), 200)
+		var fi httpapi.FileInfo
+		must(t, call(t, read, "GET", boxPath+"/files/stat"+q("/tmp/d/a b.txt"), nil), 200).decode(t, &fi)
+		if fi.Size != 9 || fi.Type != "file" || fi.Mode != 0o600 || fi.Name != "a b.txt" {
+			t.Errorf("stat: %+v", fi)
+		}
+		var ls struct{ Entries []httpapi.FileInfo }
+		must(t, call(t, read, "GET", boxPath+"/files"+q("/tmp/d"), nil), 200).decode(t, &ls)
+		names := map[string]string{}
+		for _, e := range ls.Entries {
+			names[e.Name] = e.Type
+		}
+		if len(names) != 2 || names["a b.txt"] != "file" || names["sub"] != "dir" {
+			t.Errorf("list: %+v", ls.Entries)
+		}
+		if r := must(t, call(t, read, "GET", boxPath+"/files/content"+q("/tmp/d/a b.txt"), nil), 200); string(r.body) != "hello api" {
+			t.Errorf("download: %q", r.body)
+		}
+		r := must(t, call(t, read, "GET", boxPath+"/files/tar"+q("/tmp/d"), nil), 200)
+		tarNames := map[string]string{}
+		tr := tar.NewReader(bytes.NewReader(r.body))
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("tar: %v", err)
+				}
+				break
+			}
+			b, _ := io.ReadAll(tr)
+			tarNames[strings.TrimPrefix(h.Name, "./")] = string(b)
+		}
+		if tarNames["a b.txt"] != "hello api" {
+			t.Errorf("tar of /tmp/d: %v", tarNames)
+		}
+		must(t, call(t, write, "PUT", boxPath+"/files/tar"+q("/tmp/e"), bytes.NewReader(r.body)), 200)
+		if r := must(t, call(t, read, "GET", boxPath+"/files/content"+q("/tmp/e/a b.txt"), nil), 200); string(r.body) != "hello api" {
+			t.Errorf("the unpacked tar: %q", r.body)
+		}
+		if r := call(t, write, "DELETE", boxPath+"/files"+q("/tmp/d"), nil); r.status != 409 {
+			t.Errorf("remove of a directory without recursive: %d %s", r.status, r.body)
+		}
+		must(t, call(t, write, "DELETE", boxPath+"/files"+q("/tmp/d")+"&recursive=true", nil), 200)
+		if r := call(t, read, "GET", boxPath+"/files/stat"+q("/tmp/d"), nil); r.status != 404 || r.code() != "not_found" {
+			t.Errorf("stat of a removed directory: %d %s", r.status, r.body)
+		}
+		if r := call(t, read, "PUT", boxPath+"/files/content"+q("/tmp/x"), strings.NewReader("x")); r.status != 403 {
+			t.Errorf("upload with a read token: %d %s", r.status, r.body)
+		}
+		if r := call(t, read, "GET", boxPath+"/files/stat?path=relative", nil); r.status != 400 {
+			t.Errorf("a relative path: %d %s", r.status, r.body)
+		}
+	})
+
+	t.Run("logs and audit", func(t *testing.T) {
+		var logs struct {
+			Data       []byte `json:"data"`
+			NextOffset int64  `json:"next_offset"`
+		}
+		must(t, call(t, read, "GET", boxPath+"/logs", nil), 200).decode(t, &logs)
+		if len(logs.Data) == 0 || logs.NextOffset == 0 {
+			t.Errorf("logs: %d bytes, next %d", len(logs.Data), logs.NextOffset)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+boxPath+"/logs?follow=true", nil)
+		req.Header.Set("Authorization", "Bearer "+read)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := make([]byte, 64)
+		n, _ := io.ReadAtLeast(resp.Body, line, len("event: log"))
+		resp.Body.Close()
+		if resp.Header.Get("Content-Type") != "text/event-stream" || !strings.HasPrefix(string(line[:n]), "id: ") {
+			t.Errorf("logs follow: %s %q", resp.Header.Get("Content-Type"), line[:n])
+		}
+		r := must(t, call(t, read, "GET", "/v1/audit?follow=false&sandbox="+url.QueryEscape(box), nil), 200)
+		if r.header.Get("Content-Type") != "text/event-stream" {
+			t.Errorf("audit: %s", r.header.Get("Content-Type"))
+		}
+		var eg struct{ Sandbox string }
+		must(t, call(t, read, "GET", boxPath+"/egress", nil), 200).decode(t, &eg)
+		if eg.Sandbox != box {
+			t.Errorf("egress show: %+v", eg)
+		}
+	})
+
+	t.Run("mcp", func(t *testing.T) {
+		ctx := context.Background()
+		c, err := client.NewStreamableHttpClient(base+"/mcp", transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + write}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		init := mcpgo.InitializeRequest{}
+		init.Params.ProtocolVersion = mcpgo.LATEST_PROTOCOL_VERSION
+		init.Params.ClientInfo = mcpgo.Implementation{Name: "e2e", Version: "1"}
+		if _, err := c.Initialize(ctx, init); err != nil {
+			t.Fatal(err)
+		}
+		req := mcpgo.CallToolRequest{}
+		req.Params.Name = "sandbox_exec"
+		req.Params.Arguments = map[string]any{"name": box, "argv": []string{"echo", "via mcp"}}
+		res, err := c.CallTool(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(res.StructuredContent)
+		if res.IsError || !strings.Contains(string(b), `"stdout":"via mcp\n"`) {
+			t.Errorf("sandbox_exec over /mcp: %v %s %+v", res.IsError, b, res.Content)
+		}
+	})
+
+	must(t, call(t, write, "DELETE", boxPath, nil), 200)
+	if r := call(t, read, "GET", boxPath, nil); r.status != 404 {
+		t.Errorf("get after remove: %d %s", r.status, r.body)
+	}
+	b, err := os.ReadFile(filepath.Join(string(stack.Home), "api", httpapi.RequestLogName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"token":"e2e-write","scope":"write","method":"DELETE","route":"DELETE /v1/sandboxes/{name}"`) {
+		t.Errorf("the request log does not name the token of the remove:\n%s", b)
+	}
+	for _, secret := range tokens {
+		if strings.Contains(string(b)+stack.Log(), secret) {
+			t.Error("a token secret is in the request log or the stack's log")
+		}
+	}
+}
+
+func dialExec(t *testing.T, token string, q url.Values) *websocket.Conn {
+	t.Helper()
+	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second}
+	ws, resp, err := d.Dial(strings.Replace(base, "http", "ws", 1)+boxPath+"/exec/ws?"+q.Encode(), http.Header{"Authorization": {"Bearer " + token}})
+	if err != nil {
+		body := ""
+		if resp != nil {
+			b, _ := io.ReadAll(resp.Body)
+			body = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}
+		t.Fatalf("dial exec: %v %s", err, body)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
+}
+
+// readExec reads the socket to its last message; onStdout, when set, sees each stdout chunk
+// and ends the read when it returns true.
+func readExec(t *testing.T, ws *websocket.Conn, onStdout func(string) bool) (string, string, httpapi.WSControl) {
+	t.Helper()
+	var out, errOut strings.Builder
+	ws.SetReadDeadline(time.Now().Add(time.Minute))
+	for {
+		kind, data, err := ws.ReadMessage()
+		if err != nil {
+			return out.String(), errOut.String(), httpapi.WSControl{Type: "closed", Error: err.Error()}
+		}
+		switch {
+		case kind == websocket.BinaryMessage && len(data) > 0 && data[0] == httpapi.ChanStdout:
+			out.Write(data[1:])
+			if onStdout != nil && onStdout(string(data[1:])) {
+				onStdout = nil
+			}
+		case kind == websocket.BinaryMessage && len(data) > 0 && data[0] == httpapi.ChanStderr:
+			errOut.Write(data[1:])
+		case kind == websocket.TextMessage:
+			var m httpapi.WSControl
+			json.Unmarshal(data, &m)
+			return out.String(), errOut.String(), m
+		}
+	}
+}
