@@ -165,7 +165,14 @@ func upCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run the bus and every service in this process (the single-machine default)",
-		Args:  cobra.NoArgs,
+		Long: `Run the bus and every service in this process (the single-machine default), in the
+foreground until Ctrl-C, SIGTERM or ` + "`nexus down`" + `.
+
+Sandboxes outlive the stack: stopping it leaves their VMs running, and the next ` + "`nexus up`" + `
+re-adopts them (ps, exec, logs work again as before). ` + "`nexus down --all`" + ` stops them too.`,
+		Example: `  nexus up &                  # or under a supervisor; nexus status shows the services
+  NEXUS_BUS_PORT=4300 nexus up  # a second stack beside the first (with its own NEXUS_HOME)`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			g, err := stackGlobals(cmd)
 			if err != nil {
@@ -240,6 +247,7 @@ func serveCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:       "serve <" + strings.Join(serveNames(), "|") + ">",
 		Short:     "Run one service in this process (the Procfile runs one per service)",
+		Example:   "  nexus serve bus\n  nexus serve gateway --wait-bus 1m",
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: serveNames(),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -24,7 +24,7 @@ import (
 
 // Limits and defaults of a sandbox.
 const (
-	DefaultImage     = "nexus-base"
+	DefaultImage     = api.DefaultImage
 	DefaultMemoryMiB = 1024
 	MinMemoryMiB     = 128 // below this the Debian kernel and the agent do not come up
 	MaxMemoryMiB     = 256 << 10

@@ -12,6 +12,7 @@ import (
 	"path"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,9 +24,70 @@ import (
 )
 
 func agentCommand() *cobra.Command {
-	c := &cobra.Command{Use: "agent", Short: "Run agents in ephemeral sandboxes"}
-	c.AddCommand(launchCommand())
+	c := &cobra.Command{Use: "agent", Short: "Agent profiles, and agents run in ephemeral sandboxes"}
+	c.AddCommand(launchCommand(), agentListCommand())
 	return c
+}
+
+// agentFlagHelp is the help of every --agent flag: the profiles there are.
+var agentFlagHelp = "agent profile: " + strings.Join(profile.Names(), ", ") + " (default " + profile.DefaultName +
+	"); nexus agent ls shows their hosts and credentials"
+
+// AgentInfo is one row of `nexus agent ls`.
+type AgentInfo struct {
+	Name    string   `json:"name"`
+	Default bool     `json:"default"`
+	Hosts   []string `json:"hosts"`
+	// Credentials says how the agent gets its credentials into the guest.
+	Credentials string   `json:"credentials"`
+	Command     []string `json:"command"`
+}
+
+// agentInfo describes prof for people: its hosts and how its credentials reach the guest.
+func agentInfo(prof profile.Profile) AgentInfo {
+	var creds []string
+	if prof.CredDirLiveMount {
+		c := "~/" + prof.CredDir + " mounted at " + prof.GuestCredPath
+		if prof.CredentialsFile != "" {
+			c += " (OAuth token kept fresh on the host)"
+		}
+		creds = append(creds, c)
+	}
+	for _, s := range prof.Secrets {
+		creds = append(creds, fmt.Sprintf("secret %s as a placeholder in $%s, swapped for %s (nexus secret set %s)", s.Name, s.Env, strings.Join(s.Hosts, ","), s.Name))
+	}
+	if len(creds) == 0 {
+		creds = append(creds, "none")
+	}
+	return AgentInfo{Name: prof.Name, Default: prof.Name == profile.DefaultName, Hosts: prof.EgressHosts, Credentials: strings.Join(creds, "; "), Command: prof.LaunchCommand}
+}
+
+func agentListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Short:   "List the agent profiles (--agent NAME): their egress hosts and how credentials reach the guest",
+		Example: "  nexus agent ls\n  nexus create demo/t1 --agent codex",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var list []AgentInfo
+			for _, p := range profile.All() {
+				list = append(list, agentInfo(p))
+			}
+			if printedJSON(cmd, list) {
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tHOSTS\tCREDENTIALS\tCOMMAND")
+			for _, a := range list {
+				name := a.Name
+				if a.Default {
+					name += " (default)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, strings.Join(a.Hosts, ","), a.Credentials, strings.Join(a.Command, " "))
+			}
+			return tw.Flush()
+		},
+	}
 }
 
 // herdrCommand is the plugin-private group of the herdr workspace plugin; its launch is the
@@ -63,7 +125,7 @@ profile's egress perimeter (its allowlist, the MITM, credentials and the credent
 	f := cmd.Flags()
 	f.SetInterspersed(false) // everything after IMAGE belongs to COMMAND
 	f.BoolVar(&o.agentEgress, "agent-egress", false, "give the sandbox the agent profile's egress perimeter (default: no egress at all)")
-	f.StringVar(&o.agent, "agent", "", "agent profile (default claude-code)")
+	f.StringVar(&o.agent, "agent", "", agentFlagHelp)
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "print boot steps and the egress perimeter before running")
 	memoryFlag(f, &o.memoryMiB)
 	f.IntVar(&o.vcpus, "vcpus", 0, "virtual CPUs (default 1)")

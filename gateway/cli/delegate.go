@@ -69,7 +69,7 @@ func delegateCreateCommand() *cobra.Command {
 	f.StringVar(&r.Image, "image", "", "root image (default nexus-base; it has git)")
 	memoryFlag(f, &r.Memory)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
-	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
+	f.StringVar(&r.Agent, "agent", "", agentFlagHelp)
 	f.StringVar(&r.Egress, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
 	f.StringArrayVar(&r.AllowedHosts, "allow-host", nil, "extra host the sandbox may reach, HOST[:PORT] (repeatable)")
 	return cmd

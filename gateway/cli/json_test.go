@@ -47,6 +47,10 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"down":              nil,
 		"egress explain":    {"box", "GET", "https://example.com/"},
 		"egress show":       {"box"},
+		"egress allow":      {"box", "example.com"},
+		"egress revoke":     {"box", "example.com"},
+		"egress deny":       {"box", "example.com"},
+		"egress apply":      {"box", "--config", tmp + "/none.yaml"},
 		"exec":              {"box", "true"},
 		"fork":              {"nosnap", "forked"},
 		"image build":       {"nexus-bogus"},
@@ -70,6 +74,9 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"status":            nil,
 		"stop":              {"nosuch"},
 		"version":           nil,
+		"token create":      {"cli-test"},
+		"token ls":          nil,
+		"token revoke":      {"nosuch"},
 		"volume ls":         nil,
 		"volume rm":         {"box", "vol"},
 	}
@@ -181,5 +188,14 @@ func TestJSONAgreesWithText(t *testing.T) {
 	_, errOut, code = st.exec(t, "ps", "--json", "--no-such-flag")
 	if err := json.Unmarshal([]byte(errOut), &e); err != nil || code != 2 || e.Error.Code != "invalid" {
 		t.Errorf("ps --json --no-such-flag: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestEveryCommandHasExamples: the help of every runnable command has an Examples: section.
+func TestEveryCommandHasExamples(t *testing.T) {
+	for _, c := range runnable(NewRoot()) {
+		if strings.TrimSpace(c.Example) == "" {
+			t.Errorf("nexus %s: no Examples: in its help", cmdPath(c))
+		}
 	}
 }

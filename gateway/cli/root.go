@@ -66,9 +66,10 @@ func NewRoot() *cobra.Command {
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
 		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(), tokenCommand(),
-		versionCommand(),
+		versionCommand(), downCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)
+	addExamples(root)
 	return root
 }
 
@@ -117,6 +118,7 @@ func StartupError(err error) error { return startupError{err} }
 // Execute runs root and returns the process exit code, printing one clear line on failure.
 func Execute(root *cobra.Command) int {
 	strictGroups(root)
+	completion(root)
 	cmd, err := root.ExecuteC()
 	if err == nil {
 		return 0

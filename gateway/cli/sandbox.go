@@ -92,13 +92,13 @@ func createCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&r.Image, "image", "", "root image (nexus-base, nexus-mini, …)")
+	f.StringVar(&r.Image, "image", "", "root image: "+api.DefaultImage+" (the default: Debian bookworm, with git) or nexus-mini (busybox, boots fastest); see nexus image ls")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
 	memoryFlag(f, &r.MemoryMiB)
 	diskFlag(f, &r.DiskMiB)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
 	f.Float64Var(&r.CPUs, "cpus", 0, "host CPU time the sandbox may use, in CPUs, fractional allowed (default: its vCPUs)")
-	f.StringVar(&r.Agent, "agent", "", "agent profile (default claude-code)")
+	f.StringVar(&r.Agent, "agent", "", agentFlagHelp)
 	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
 	f.StringArrayVar(&r.AllowHosts, "allow-host", nil, "allow HOST[:PORT] (repeatable; a bare host means 443 and 80)")
 	f.StringArrayVar(&r.AllowPrivate, "allow-private", nil, "let allowed names reach this private network CIDR (RFC 1918, CGNAT, link-local, ULA; repeatable); other private addresses are refused")

@@ -72,7 +72,12 @@ func statusCommand() *cobra.Command {
 // Discover asks every nexus service for its identity and collects the answers until quiet
 // passes with no new one, or all expected services answered.
 func Discover(ctx context.Context, nc *nats.Conn, quiet time.Duration) ([]ServiceStatus, error) {
-	infos, err := bus.Discover(ctx, nc, quiet, len(Expected))
+	return discover(ctx, nc, quiet, len(Expected))
+}
+
+// discover is Discover stopping after want services (0: only when quiet passes).
+func discover(ctx context.Context, nc *nats.Conn, quiet time.Duration, want int) ([]ServiceStatus, error) {
+	infos, err := bus.Discover(ctx, nc, quiet, want)
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,9 @@ func CanTransition(from, to State) bool {
 }
 
 // Egress modes.
+// DefaultImage is the root image of a sandbox created without --image.
+const DefaultImage = "nexus-base"
+
 const (
 	EgressCurated  = "curated"
 	EgressAllowAll = "allow-all"
