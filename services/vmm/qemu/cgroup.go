@@ -207,9 +207,9 @@ func newCgroup(name string, l cgroupLimits) (*vmCgroup, error) {
 		}
 	}
 	if len(cg.V2) > 0 {
-		own, err := ownV2Group()
+		parent, err := vmsV2Parent(v2mount)
 		if err == nil {
-			group := filepath.Join(own, cgroupParentGroup, name)
+			group := filepath.Join(parent, name)
 			_, err = cgroup2.NewManager(v2mount, group, &v2res)
 			for _, c := range cg.V2 {
 				cg.Dirs[c] = filepath.Join(v2mount, group)
@@ -241,9 +241,43 @@ func newCgroup(name string, l cgroupLimits) (*vmCgroup, error) {
 	return cg, nil
 }
 
+// vmmLeaf is the group the vmm moves itself into, on the unified hierarchy, when the group it
+// was started in holds processes (a systemd service's, say): v2 lets a group that holds
+// processes hand no controller to its children, so the vmm leaves its group to the VMs' parent.
+const vmmLeaf = "nexus-vmm"
+
+// vmsV2Parent is the unified hierarchy's group the VMs' groups are made in, <the vmm's
+// group>/nexus-vms, once the vmm's group holds no process of its own (the root group may).
+func vmsV2Parent(mount string) (string, error) {
+	own, err := ownV2Group()
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case filepath.Base(own) == vmmLeaf:
+		own = filepath.Dir(own) // moved already
+	case own != "/":
+		procs, err := os.ReadFile(filepath.Join(mount, own, "cgroup.procs"))
+		if err != nil || len(strings.TrimSpace(string(procs))) == 0 {
+			break
+		}
+		leaf := filepath.Join(mount, own, vmmLeaf)
+		if err := os.MkdirAll(leaf, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			return "", fmt.Errorf("move the vmm into %s, to leave %s to its VMs: %w", leaf, own, err)
+		}
+	}
+	return filepath.Join(own, cgroupParentGroup), nil
+}
+
+// selfCgroup is where this process's groups are read (a variable for the tests).
+var selfCgroup = "/proc/self/cgroup"
+
 // ownV2Group is this process's group on the unified hierarchy.
 func ownV2Group() (string, error) {
-	b, err := os.ReadFile("/proc/self/cgroup")
+	b, err := os.ReadFile(selfCgroup)
 	if err != nil {
 		return "", err
 	}

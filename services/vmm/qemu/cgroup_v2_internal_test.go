@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -111,5 +112,40 @@ func TestCgroupV2NoController(t *testing.T) {
 	fakeV2(t, "hugetlb")
 	if cg, err := newCgroup("x", cgroupLimits{memoryMiB: 1}); err == nil || cg != nil {
 		t.Fatalf("newCgroup = %+v, %v; want no cgroup and an error", cg, err)
+	}
+}
+
+// TestCgroupV2LeavesServiceGroup: a vmm started in a group holding processes (a systemd
+// service's) moves itself into <group>/nexus-vmm, since v2 gives the children of a group with
+// processes no controller, and the VMs' groups go in <group>/nexus-vms.
+func TestCgroupV2LeavesServiceGroup(t *testing.T) {
+	root := fakeV2(t, "cpu memory pids")
+	self := filepath.Join(t.TempDir(), "cgroup")
+	os.WriteFile(self, []byte("0::/system.slice/nexus.service\n"), 0o644)
+	old := selfCgroup
+	selfCgroup = self
+	t.Cleanup(func() { selfCgroup = old })
+	svc := filepath.Join(root, "system.slice", "nexus.service")
+	for _, d := range []string{svc, filepath.Join(svc, cgroupParentGroup)} {
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), nil, 0o644)
+	}
+	os.WriteFile(filepath.Join(root, "system.slice", "cgroup.subtree_control"), nil, 0o644)
+	os.WriteFile(filepath.Join(svc, "cgroup.procs"), []byte("4242\n"), 0o644)
+	cg, err := newCgroup("sb-1-x", cgroupLimits{memoryMiB: 480, cpuQuota: 100_000, pids: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(svc, cgroupParentGroup, "sb-1-x"); cg.Dirs["memory"] != want {
+		t.Errorf("the VM's group is %s, want %s", cg.Dirs["memory"], want)
+	}
+	b, err := os.ReadFile(filepath.Join(svc, vmmLeaf, "cgroup.procs"))
+	if err != nil || string(b) != strconv.Itoa(os.Getpid()) {
+		t.Errorf("the vmm did not move into %s/%s: %q %v", svc, vmmLeaf, b, err)
+	}
+	// Once moved, its group is the leaf's parent and it does not move again.
+	os.WriteFile(self, []byte("0::/system.slice/nexus.service/nexus-vmm\n"), 0o644)
+	if p, err := vmsV2Parent(root); err != nil || p != "/system.slice/nexus.service/"+cgroupParentGroup {
+		t.Errorf("after the move, the VMs' parent is %q, %v", p, err)
 	}
 }
