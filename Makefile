@@ -31,6 +31,9 @@ all: build
 
 deps:
 	@$(MAKE) --no-print-directory apt PKGS="$(APT_PKGS)"
+	@# The Claude Code plugin test (e2e/mcp) runs the real claude CLI, installed with npm. A Node.js
+	@# that brings its own npm (e.g. from NodeSource) is kept; otherwise Debian's.
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory apt PKGS="nodejs npm"
 
 apt:
 	@missing=""; for p in $(PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
