@@ -80,7 +80,7 @@ out=$(mktemp)
 runs=(
 	"./e2e/bench ^BenchmarkBoot$ 3x"
 	"./e2e/bench IdleMemory|Create10|Fork|Pause 3x"
-	"./e2e/bench ExecTrue|Keystroke|Clone 200x"
+	"./e2e/bench ExecTrue|Keystroke|Clone|ExecAPI 200x"
 	"./e2e/bench GuestNet 1x"
 	"./e2e/bench NoisyNeighbour 1x"
 	"./services/mitm . 2s"

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 var (
 	stack  *testutil.Stack
 	client *api.Client
+	// apiURL and apiToken reach the stack's HTTP API (api_bench_test.go).
+	apiURL, apiToken string
 )
 
 func TestMain(m *testing.M) {
@@ -25,6 +28,12 @@ func TestMain(m *testing.M) {
 		testutil.Setup(func(f *testutil.Fixture) error {
 			resolve, err := startNetServer()
 			f.Flags(resolve)
+			if err != nil {
+				return err
+			}
+			port, err := testutil.BusPort()
+			apiURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+			f.Flags(fmt.Sprintf("--api=127.0.0.1:%d", port))
 			return err
 		}),
 		testutil.Started(func(s *testutil.Stack) error {
@@ -33,7 +42,9 @@ func TestMain(m *testing.M) {
 				return err
 			}
 			client = api.NewClient(nc)
-			return nil
+			out, err := s.Command("token", "create", "bench", "--scope", "write").Output()
+			apiToken = strings.TrimSpace(string(out))
+			return err
 		}))
 }
 
