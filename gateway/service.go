@@ -228,9 +228,6 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	if sb.Image == "" {
 		sb.Image = DefaultImage
 	}
-	if i := strings.IndexByte(sb.Image, ':'); i > 0 {
-		sb.Image = sb.Image[:i] // a tag names a build of the image; one build of each is kept
-	}
 	switch {
 	case sb.MemoryMiB == 0:
 		sb.MemoryMiB = DefaultMemoryMiB

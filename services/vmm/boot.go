@@ -165,6 +165,7 @@ type boot struct {
 	kern     *kernel.Kernel
 	initrd   string
 	base     string // the root image
+	imageKey string // and its key, recorded in the sandbox directory
 	dir      string // the sandbox directory
 	disk     string
 	disks    []hypervisor.Disk // the volumes' disks
@@ -261,11 +262,30 @@ func (b *boot) buildInitramfs(ctx context.Context) error {
 	return nil
 }
 
-// findImage finds the root image, building a built-in one on first use.
+// findImage finds the root image, building a built-in one or pulling a registry one on first
+// use. A stopped sandbox that boots again on its disk keeps the image it was made from (the key
+// in its directory), wherever its tag points now.
 func (b *boot) findImage(ctx context.Context) error {
-	base, err := b.s.ensureImage(ctx, b.image, b.progress)
-	b.base = base
-	return err
+	dir := b.s.cfg.Home.Sandbox(b.id)
+	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err == nil {
+		if key, err := os.ReadFile(filepath.Join(dir, imageFile)); err == nil {
+			info, err := image.Resolve(b.s.cfg.Home, strings.TrimSpace(string(key)))
+			if err != nil { // a built-in image removed meanwhile is built again
+				info, err = b.s.ensureImage(ctx, strings.TrimSpace(string(key)), b.progress)
+			}
+			if err != nil {
+				return err
+			}
+			b.base, b.imageKey = info.Path, info.Key
+			return nil
+		}
+	}
+	info, err := b.s.ensureImage(ctx, b.image, b.progress)
+	if err != nil {
+		return err
+	}
+	b.base, b.imageKey = info.Path, info.Key
+	return nil
 }
 
 // sandboxDir creates the sandbox directory and records whether its listeners are forwarded.
@@ -290,7 +310,7 @@ func (b *boot) newDisk(ctx context.Context) error {
 	if _, err := os.Stat(b.disk); !errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.image+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.imageKey+"\n"), 0o600); err != nil {
 		return err
 	}
 	if err := image.NewOverlaySized(b.base, b.disk, int64(b.diskMiB)<<20); err != nil {
@@ -373,7 +393,7 @@ func (b *boot) configure(ctx context.Context) error {
 	ctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
 	now := time.Now()
-	cfg := agentproto.ConfigureRequest{Hostname: b.hostname, Env: b.env, Time: &now}
+	cfg := agentproto.ConfigureRequest{Hostname: b.hostname, Env: withImageEnv(b.env, b.s.imageConfig(b.dir)), Time: &now}
 	if len(b.trustCA) > 0 {
 		// The perimeter's CA, for curl, git and OpenSSL-based tools: one round trip, no shell.
 		cfg.TrustCA = &agentproto.TrustCA{Path: api.CAPath, PEM: b.trustCA}

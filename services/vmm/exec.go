@@ -30,6 +30,7 @@ func (s *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 	if err != nil {
 		return api.Empty{}, err
 	}
+	execDefaults(&r, s.imageConfig(m.dir))
 	if len(r.Argv) == 0 || r.Argv[0] == "" {
 		return api.Empty{}, errdefs.Invalid("exec: no command given")
 	}

@@ -276,26 +276,54 @@ type DiskEvent struct {
 // DiskEventSubject is where DiskEvents of host are published.
 func DiskEventSubject(host string) string { return bus.EventsPrefix + ".host." + host + ".disk" }
 
-// ImageInfo describes a built root image.
+// ImageInfo describes a root image: a built-in one (nexus-base, tagged with its build date and
+// latest) or an OCI image pulled or imported (its digest, its config's defaults for exec).
 type ImageInfo struct {
-	Name      string    `json:"name"`
-	Built     time.Time `json:"built,omitzero"`
-	SizeBytes int64     `json:"size_bytes"`
-	Path      string    `json:"path,omitempty"`
+	Name        string            `json:"name"`
+	Tags        []string          `json:"tags"`
+	Digest      string            `json:"digest,omitempty"`
+	IndexDigest string            `json:"index_digest,omitempty"`
+	Key         string            `json:"key,omitempty"` // what sandboxes and snapshots record
+	Source      string            `json:"source,omitempty"`
+	Created     time.Time         `json:"created,omitzero"`
+	Built       time.Time         `json:"built,omitzero"`
+	SizeBytes   int64             `json:"size_bytes"`
+	Path        string            `json:"path,omitempty"`
+	Env         []string          `json:"env,omitempty"`
+	WorkingDir  string            `json:"working_dir,omitempty"`
+	User        string            `json:"user,omitempty"`
+	Entrypoint  []string          `json:"entrypoint,omitempty"`
+	Cmd         []string          `json:"cmd,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	UsedBy      []string          `json:"used_by,omitempty"` // sandboxes and snapshots on its base (inspect)
 }
 
-// ImageRequest builds or removes an image. Progress, when set, receives ImageProgress messages.
+// ImageRequest builds, pulls, imports, inspects or removes an image. Progress, when set,
+// receives ImageProgress messages.
 type ImageRequest struct {
-	Op       string `json:"op"` // build or rm
-	Name     string `json:"name"`
-	Force    bool   `json:"force,omitempty"`
-	Progress string `json:"progress,omitempty"`
+	Op    string `json:"op"`   // build, pull, import, inspect or rm
+	Name  string `json:"name"` // the image (build, inspect, rm), the reference (pull), the name to give (import)
+	Force bool   `json:"force,omitempty"`
+	// File is the tarball or OCI layout to import, a path on the vmm's host.
+	File string `json:"file,omitempty"`
+	// Pull options: registry credentials (else the user's docker config) and plain HTTP.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	Insecure bool   `json:"insecure,omitempty"`
+	// Bounds on the unpacked image (0: the defaults, image.DefaultMaxBytes/DefaultMaxInodes).
+	MaxBytes  int64  `json:"max_bytes,omitempty"`
+	MaxInodes int64  `json:"max_inodes,omitempty"`
+	Progress  string `json:"progress,omitempty"`
 }
 
 // ImageProgress is one progress report of a build.
 type ImageProgress struct {
 	Step     string  `json:"step"`
 	Fraction float64 `json:"fraction"`
+	// Layer progress of a pull or import: the layer's digest, bytes done of its size.
+	Layer string `json:"layer,omitempty"`
+	Done  int64  `json:"done,omitempty"`
+	Total int64  `json:"total,omitempty"`
 }
 
 func (c *Client) Images(ctx context.Context) ([]ImageInfo, error) {

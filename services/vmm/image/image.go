@@ -44,7 +44,10 @@ var Known = []string{Base, Mini, AgentBase}
 // Progress receives named build steps and a completion fraction in [0,1]; it may be nil.
 type Progress func(step string, frac float64)
 
-// Info is an image's manifest.
+// Info is an image's manifest. Built-in images are stored under their name; OCI images
+// (pulled or imported, oci.go) under their key, "sha256-<hex of the manifest digest>", so a tag
+// that moves to another digest never replaces a base that overlays or snapshots depend on.
+// Records written before tags existed have only the first fields and load as built-ins.
 type Info struct {
 	Name      string    `json:"name"`
 	Built     time.Time `json:"built"`
@@ -52,7 +55,48 @@ type Info struct {
 	DiskUsage int64     `json:"disk_usage"` // bytes allocated on the host (the file is sparse)
 	Content   int64     `json:"content"`    // bytes of files in the root tree
 	BuildTime float64   `json:"build_seconds"`
-	Path      string    `json:"-"`
+
+	// Key names the image's files in $NEXUS_HOME/images: the name of a built-in image.
+	Key string `json:"key,omitempty"`
+	// Tags of an OCI image (one digest may carry several; a moved tag leaves it with fewer).
+	// A built-in image's tags are its build date (20260807) and latest.
+	Tags []string `json:"tags,omitempty"`
+	// Digest is an OCI image's manifest digest; IndexDigest the index it was chosen from.
+	Digest      string    `json:"digest,omitempty"`
+	IndexDigest string    `json:"index_digest,omitempty"`
+	Source      string    `json:"source,omitempty"` // "built", "pull REF", "import FILE"
+	Created     time.Time `json:"created,omitzero"` // the image config's creation time
+	Config      *Config   `json:"config,omitempty"`
+	Path        string    `json:"-"`
+}
+
+// Config is what an OCI image's config says about running it: the defaults of nexus exec.
+type Config struct {
+	Env        []string          `json:"env,omitempty"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Entrypoint []string          `json:"entrypoint,omitempty"`
+	Cmd        []string          `json:"cmd,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
+// DateTag is the tag a built-in image's build carries besides latest.
+func DateTag(built time.Time) string { return built.UTC().Format("20060102") }
+
+// fill completes a record read from disk: the key and, for a built-in image, its tags.
+func (i *Info) fill(key string) {
+	if i.Key == "" {
+		i.Key = key
+	}
+	if i.Digest == "" && i.Source == "" {
+		i.Source = "built"
+	}
+	if i.Source == "built" {
+		i.Tags = []string{DateTag(i.Built), "latest"}
+		if i.Created.IsZero() {
+			i.Created = i.Built
+		}
+	}
 }
 
 // checkName returns an invalid-argument error naming the known images.
@@ -68,15 +112,13 @@ func checkName(name string) error {
 func imagePath(h home.Dir, name string) string    { return filepath.Join(h.Images(), name+".ext4") }
 func manifestPath(h home.Dir, name string) string { return filepath.Join(h.Images(), name+".json") }
 
-// Path returns the image file of a built image.
-func Path(h home.Dir, name string) (string, error) {
-	if err := checkName(name); err != nil {
+// Path returns the image file of an image, by reference or key (Resolve).
+func Path(h home.Dir, ref string) (string, error) {
+	info, err := Resolve(h, ref)
+	if err != nil {
 		return "", err
 	}
-	if _, err := Get(h, name); err != nil {
-		return "", err
-	}
-	return imagePath(h, name), nil
+	return info.Path, nil
 }
 
 // Get returns the manifest of a built image.
@@ -99,10 +141,11 @@ func Get(h home.Dir, name string) (*Info, error) {
 	if _, err := os.Stat(info.Path); err != nil {
 		return nil, errdefs.NotFound("image %s is not built: run nexus image build %s", name, name)
 	}
+	info.fill(name)
 	return &info, nil
 }
 
-// List returns the built images, sorted by name.
+// List returns the built-in and OCI images, sorted by name and then newest first.
 func List(h home.Dir) ([]Info, error) {
 	var out []Info
 	for _, n := range Known {
@@ -115,7 +158,17 @@ func List(h home.Dir) ([]Info, error) {
 		}
 		out = append(out, *info)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	oci, err := listOCI(h)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, oci...)
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Created.After(out[j].Created)
+	})
 	return out, nil
 }
 
@@ -212,8 +265,9 @@ func Build(ctx context.Context, h home.Dir, cache, name string, force bool, prog
 	}
 	info := Info{
 		Name: name, Built: time.Now().UTC(), Size: st.Size(), Content: content,
-		BuildTime: time.Since(start).Seconds(),
+		BuildTime: time.Since(start).Seconds(), Key: name, Source: "built",
 	}
+	info.Created = info.Built
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 		info.DiskUsage = sys.Blocks * 512
 	}
@@ -228,6 +282,7 @@ func Build(ctx context.Context, h home.Dir, cache, name string, force bool, prog
 	}
 	toCache(h, cache, name, b)
 	info.Path = imagePath(h, name)
+	info.fill(name)
 	progress("done", 1)
 	return &info, nil
 }
@@ -264,7 +319,11 @@ func lock(ctx context.Context, h home.Dir, name string) (func(), error) {
 var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-2", AgentBase: "agent-base-bookworm-2"}
 
 func cachedPath(cache, name string) string {
-	return filepath.Join(cache, "images", Recipe[name]+".ext4")
+	stem := Recipe[name]
+	if stem == "" { // an OCI image: its key names its content
+		stem = name
+	}
+	return filepath.Join(cache, "images", stem+".ext4")
 }
 
 // toCache keeps a built image in the download cache, where other homes that share the cache
@@ -306,7 +365,7 @@ func fromCache(h home.Dir, cache, name string) (*Info, error) {
 	if err := atomicfile.WriteFile(manifestPath(h, name), b, 0o644); err != nil {
 		return nil, err
 	}
-	return Get(h, name)
+	return Resolve(h, name)
 }
 
 func linkOrCopy(src, dst string) error {
