@@ -7,6 +7,8 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
+	"github.com/IniZio/nexus/pkg/bytesize"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
@@ -30,6 +32,38 @@ type createArgs struct {
 	Config       string            `json:"config"`
 	TTL          string            `json:"ttl"`
 	IdleTimeout  string            `json:"idle_timeout"`
+	Disk         string            `json:"disk"`
+	MaxConns     int               `json:"max_conns"`
+	ConnRate     int               `json:"conn_rate"`
+	DNSRate      int               `json:"dns_rate"`
+	EgressBW     string            `json:"egress_bandwidth"`
+	IngressBW    string            `json:"ingress_bandwidth"`
+}
+
+// sizes reads the size arguments of a create: the disk in MiB and the budgets in bytes per
+// second, each a size such as 20g or plain MiB.
+func (a createArgs) sizes() (diskMiB int, l netapi.Limits, err error) {
+	if a.Disk != "" {
+		if diskMiB, err = bytesize.ParseMiB(a.Disk); err != nil {
+			return 0, l, errdefs.Invalid("disk: %v", err)
+		}
+	}
+	l = netapi.Limits{MaxConns: a.MaxConns, ConnRate: a.ConnRate, DNSRate: a.DNSRate}
+	for _, b := range []struct {
+		key string
+		in  string
+		out *int64
+	}{{"egress_bandwidth", a.EgressBW, &l.EgressBandwidth}, {"ingress_bandwidth", a.IngressBW, &l.IngressBandwidth}} {
+		if b.in == "" {
+			continue
+		}
+		n, err := bytesize.Parse(b.in, bytesize.MiB)
+		if err != nil || n <= 0 {
+			return 0, l, errdefs.Invalid("%s: %q is not a size per second: use a unit, as in 10m or 500k", b.key, b.in)
+		}
+		*b.out = n
+	}
+	return diskMiB, l, nil
 }
 
 // labelPairs validates labels the way `nexus create -l` does, key by key: a key holding '='
@@ -61,6 +95,10 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	if err != nil {
 		return nil, err
 	}
+	diskMiB, limits, err := a.sizes()
+	if err != nil {
+		return nil, err
+	}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
@@ -68,7 +106,8 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
 	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout, NoStart: !a.Start})
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout, NoStart: !a.Start,
+		DiskMiB: diskMiB, Limits: limits})
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

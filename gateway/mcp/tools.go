@@ -1,9 +1,11 @@
 package mcp
 
 import (
+	"fmt"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 )
 
 // Tool names: the 13 of the spec (seed "AI Agents") plus the gaps it lists (logs, ports,
@@ -86,7 +88,13 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithArray("repos", mcpgo.WithStringItems(), mcpgo.Description("GitHub repositories owner/repo to bind: allows github.com for them, brokers GH_TOKEN, and gates pushes and API writes to them")),
 			mcpgo.WithString("config", mcpgo.Description("project config file (.nexus/config.yaml) on the host; default: .nexus/config.yaml at the git root of this server's working directory, if any")),
 			mcpgo.WithString("ttl", mcpgo.Description("remove the sandbox this long after create, whatever its state: 30m, 2h, 7d (default: never)")),
-			mcpgo.WithString("idle_timeout", mcpgo.Description("pause the sandbox after this long without exec or network activity and under 5% CPU; the next exec resumes it: 10m, 1h (default: never)")),
+			mcpgo.WithString("idle_timeout", mcpgo.Description("pause the sandbox after this long without exec, port or network activity and under 5% CPU; the next exec resumes it: 10m, 1h (default: never)")),
+			mcpgo.WithString("disk", mcpgo.Description(fmt.Sprintf("root disk size: 20g, 512m or plain MiB; sparse, refused when the host's free space could not hold it (default %dg)", api.DefaultDiskMiB>>10))),
+			mcpgo.WithInteger("max_conns", mcpgo.Description(fmt.Sprintf("egress budget: most connections and UDP flows open at once (default %d)", netapi.DefaultLimits.MaxConns)), mcpgo.Min(0)),
+			mcpgo.WithInteger("conn_rate", mcpgo.Description(fmt.Sprintf("egress budget: most new connections per second (default %d)", netapi.DefaultLimits.ConnRate)), mcpgo.Min(0)),
+			mcpgo.WithInteger("dns_rate", mcpgo.Description(fmt.Sprintf("egress budget: most DNS queries per second (default %d)", netapi.DefaultLimits.DNSRate)), mcpgo.Min(0)),
+			mcpgo.WithString("egress_bandwidth", mcpgo.Description(fmt.Sprintf("egress budget: most bytes sent out per second, a size such as 10m (default %dm)", netapi.DefaultLimits.EgressBandwidth>>20))),
+			mcpgo.WithString("ingress_bandwidth", mcpgo.Description(fmt.Sprintf("most bytes per second received from outside, a size such as 10m (default %dm)", netapi.DefaultLimits.IngressBandwidth>>20))),
 			hints{title: "Create sandbox"}.opt(), mcpgo.WithOutputSchema[api.Sandbox](),
 		), handler: s.sandboxCreate},
 		{tool: mcpgo.NewTool(ToolSandboxList,

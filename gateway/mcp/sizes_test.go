@@ -1,0 +1,35 @@
+package mcp
+
+import (
+	"strings"
+	"testing"
+
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
+)
+
+// sandbox_create's disk and budget arguments take the sizes `nexus create` takes.
+func TestCreateArgsSizes(t *testing.T) {
+	a := createArgs{Disk: "20g", MaxConns: 64, ConnRate: 20, DNSRate: 10, EgressBW: "10m", IngressBW: "512k"}
+	disk, l, err := a.sizes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (netapi.Limits{MaxConns: 64, ConnRate: 20, DNSRate: 10, EgressBandwidth: 10 << 20, IngressBandwidth: 512 << 10}); disk != 20<<10 || l != want {
+		t.Fatalf("disk %d, limits %+v", disk, l)
+	}
+	if disk, _, err := (createArgs{Disk: "4096"}).sizes(); err != nil || disk != 4096 {
+		t.Fatalf("plain MiB disk: %d %v", disk, err)
+	}
+	for _, c := range []struct {
+		a    createArgs
+		want string
+	}{
+		{createArgs{Disk: "lots"}, "disk: "},
+		{createArgs{IngressBW: "0"}, `ingress_bandwidth: "0" is not a size per second`},
+		{createArgs{EgressBW: "fast"}, `egress_bandwidth: "fast" is not a size per second`},
+	} {
+		if _, _, err := c.a.sizes(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.a, err, c.want)
+		}
+	}
+}
