@@ -104,3 +104,8 @@ type VolumeResult struct {
 	Volume  string `json:"volume"`
 	State   string `json:"state"`
 }
+
+// printJSONLine prints v as one line of JSON (for streams: one value per line).
+func printJSONLine(w io.Writer, v any) {
+	json.NewEncoder(w).Encode(v)
+}

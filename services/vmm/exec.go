@@ -263,7 +263,39 @@ func (s *Service) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse
 	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
 		return api.LogsResponse{}, err
 	}
-	return api.LogsResponse{Data: buf, NextOffset: off + n}, nil
+	return api.LogsResponse{Data: quietConsole(buf), NextOffset: off + n}, nil
+}
+
+// consoleNoise are kernel lines every boot prints that say nothing about the sandbox: the
+// microvm machine has no PCI bus, which a distribution kernel reports as fatal (pci=off does
+// not silence it).
+var consoleNoise = [][]byte{[]byte("PCI: Fatal: No config space access function found")}
+
+// quietConsole drops the whole lines of b that are consoleNoise (offsets stay the file's).
+func quietConsole(b []byte) []byte {
+	found := false
+	for _, n := range consoleNoise {
+		found = found || bytes.Contains(b, n)
+	}
+	if !found {
+		return b
+	}
+	var out []byte
+	for rest := b; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line = rest[:i+1]
+		}
+		rest = rest[len(line):]
+		noise := false
+		for _, n := range consoleNoise {
+			noise = noise || bytes.Contains(line, n) && line[len(line)-1] == '\n'
+		}
+		if !noise {
+			out = append(out, line...)
+		}
+	}
+	return out
 }
 
 // mount mounts a 9p share in the guest.
