@@ -69,7 +69,7 @@ func runners() map[string]func(ctx context.Context, env runEnv) error {
 	return map[string]func(ctx context.Context, env runEnv) error{
 		bus.UserGateway: func(ctx context.Context, env runEnv) error {
 			return run(ctx, gateway.New, gateway.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				MetricsAddr: env.set.MetricsAddr, MinFreeDisk: env.set.MinFreeDisk})
+				MetricsAddr: env.set.MetricsAddr, MinFreeDisk: env.set.MinFreeDisk, MCPEgress: env.set.MCPEgress})
 		},
 		bus.UserVMM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,

@@ -17,6 +17,9 @@ import (
 // What is minted or sized at create (egress.secrets, egress.allow_private, egress.limits) is
 // refused when it changed: the sandbox must be created again for those.
 func (g *Service) egressApply(ctx context.Context, r api.EgressApplyRequest) (api.EgressChange, error) {
+	if r.Via == ViaMCP {
+		return api.EgressChange{}, errdefs.Refused("egress apply is not offered over MCP")
+	}
 	c := r.Config
 	if c == nil {
 		return api.EgressChange{}, errdefs.Invalid("egress apply: no .nexus/config.yaml given")

@@ -169,6 +169,9 @@ func checkPrivateRule(sb *api.Sandbox, r policy.Rule) error {
 }
 
 func (g *Service) egressAllow(ctx context.Context, r api.EgressChangeRequest) (api.EgressChange, error) {
+	if err := g.mcpEgressOff(r); err != nil {
+		return api.EgressChange{}, err
+	}
 	rule, err := policy.ParseRule(r.Host)
 	if err != nil {
 		return api.EgressChange{}, err
@@ -187,6 +190,11 @@ func (g *Service) egressAllow(ctx context.Context, r api.EgressChangeRequest) (a
 		if err := checkPrivateRule(sb, rule); err != nil {
 			return err
 		}
+		if r.Via == ViaMCP {
+			if err := g.mcpGrantLimits(ctx, sb, rule); err != nil {
+				return err
+			}
+		}
 		for _, d := range sb.Egress.Denies {
 			if d.Active(now) && ((policy.Rule{Host: d.Rule}).MatchesHost(rule.Host) || d.Rule == rule.Host) {
 				return errdefs.Conflict("%s is denied on %s (%s by %s): lift the deny first with `nexus egress revoke %s %s`", rule.Host, sb.Name, d.Rule, d.By, sb.Name, d.Rule)
@@ -198,6 +206,9 @@ func (g *Service) egressAllow(ctx context.Context, r api.EgressChangeRequest) (a
 }
 
 func (g *Service) egressDeny(ctx context.Context, r api.EgressChangeRequest) (api.EgressChange, error) {
+	if err := g.mcpEgressOff(r); err != nil {
+		return api.EgressChange{}, err
+	}
 	deny, err := (policy.Rule{Host: r.Host}).Normalize()
 	if err != nil {
 		return api.EgressChange{}, err
@@ -221,6 +232,9 @@ func (g *Service) egressDeny(ctx context.Context, r api.EgressChangeRequest) (ap
 }
 
 func (g *Service) egressRevoke(ctx context.Context, r api.EgressChangeRequest) (api.EgressChange, error) {
+	if err := g.mcpEgressOff(r); err != nil {
+		return api.EgressChange{}, err
+	}
 	host, err := (policy.Rule{Host: r.Host}).Normalize()
 	if err != nil {
 		rule, perr := policy.ParseRule(r.Host) // HOST:PORTS revokes that grant exactly

@@ -51,6 +51,9 @@ type Config struct {
 	// MinFreeDisk is the home's low free-space watermark: below it creates and forks are refused
 	// with "host disk full"; zero admits always.
 	MinFreeDisk home.Watermark
+	// MCPEgress lets live egress changes come through MCP (nexus up --mcp-egress); off, the
+	// gateway refuses them (egress_live.go).
+	MCPEgress bool
 }
 
 // Service serves the gateway API on the bus.

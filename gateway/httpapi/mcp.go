@@ -35,6 +35,9 @@ var ToolScopes = map[string]Scope{
 	mcp.ToolAgentDispatch:    ScopeAdmin,
 	mcp.ToolAgentPoll:        ScopeAdmin,
 	mcp.ToolDelegateTeardown: ScopeAdmin,
+	// Egress changes open the perimeter: admin only (and off unless --mcp-egress).
+	mcp.ToolEgressAllow:  ScopeAdmin,
+	mcp.ToolEgressRevoke: ScopeAdmin,
 }
 
 // authorizeTool checks the caller's token against the tool's scope. A tool missing from

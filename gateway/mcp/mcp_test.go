@@ -66,6 +66,8 @@ func TestToolsList(t *testing.T) {
 		"delegate_teardown":        {[]string{"name"}, []string{"force"}},
 		"sandbox_snapshot":         {[]string{"name", "snapshot"}, nil},
 		"sandbox_fork":             {[]string{"snapshot", "name"}, []string{"labels"}},
+		"egress_allow":             {[]string{"name", "host"}, []string{"for"}},
+		"egress_revoke":            {[]string{"name", "host"}, nil},
 	}
 	if len(got) != len(want) {
 		t.Errorf("got %d tools, want %d", len(got), len(want))

@@ -76,7 +76,7 @@ func New(cfg Config) (*Server, error) {
 		opts = append(opts, server.WithOutputSchemaValidation())
 	}
 	s.mcp = server.NewMCPServer("nexus", cfg.Version, opts...)
-	for _, t := range append(s.tools(), s.snapshotTools()...) {
+	for _, t := range append(append(s.tools(), s.snapshotTools()...), s.egressTools()...) {
 		s.mcp.AddTool(t.tool, s.wrap(t))
 	}
 	return s, nil

@@ -72,10 +72,12 @@ type Values struct {
 	MetricsAddr     string  // empty: no metrics endpoint
 	MemoryShare     float64 // 0: the vmm's default
 	VCPUOvercommit  bool
-	Resolve         map[string]string
-	ExtraCA         string
-	ExtraRoots      []*x509.Certificate
-	MinFreeDisk     home.Watermark
+	// MCPEgress lets the MCP tools egress_allow and egress_revoke change a sandbox's egress.
+	MCPEgress   bool
+	Resolve     map[string]string
+	ExtraCA     string
+	ExtraRoots  []*x509.Certificate
+	MinFreeDisk home.Watermark
 
 	// APIAddr is where the HTTP API listens (gateway/httpapi); empty: `nexus up` serves none and
 	// `nexus serve api` its default. APITLSCert and APITLSKey are the certificate it serves.
@@ -182,6 +184,16 @@ var Table = []Setting{
 			f, err := parseShare(s)
 			v.MemoryShare = f
 			return err
+		}},
+	{Flag: "mcp-egress", Env: "NEXUS_MCP_EGRESS", Default: "false", Arg: "bool", Scope: Stack,
+		Help: "let MCP clients change a running sandbox's egress (egress_allow, egress_revoke; never private addresses or a secret's hosts): an orchestrator can be prompt-injected",
+		set: func(v *Values, s string) error {
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				return fmt.Errorf("%q is not true or false", s)
+			}
+			v.MCPEgress = b
+			return nil
 		}},
 	{Flag: "vcpu-overcommit", Env: "NEXUS_VCPU_OVERCOMMIT", Default: "false", Arg: "bool", Scope: Stack,
 		Help: "let one sandbox have more vCPUs than the host has cores",
