@@ -291,6 +291,30 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("live egress", func(t *testing.T) {
+		var ch struct {
+			After []string `json:"after"`
+			Live  bool     `json:"live"`
+			Grant struct{ By string }
+		}
+		must(t, call(t, write, "POST", boxPath+"/egress/allow", jsonBody(map[string]any{"host": "granted.example", "for": "10m"})), 200).decode(t, &ch)
+		if !strings.Contains(strings.Join(ch.After, " "), "granted.example") || ch.Grant.By != "token e2e-write via api" {
+			t.Errorf("allow: %+v", ch)
+		}
+		if r := call(t, read, "POST", boxPath+"/egress/revoke", jsonBody(map[string]any{"host": "granted.example"})); r.status != 403 {
+			t.Errorf("revoke with a read token: %d %s", r.status, r.body)
+		}
+		must(t, call(t, write, "POST", boxPath+"/egress/revoke", jsonBody(map[string]any{"host": "granted.example"})), 200).decode(t, &ch)
+		if strings.Contains(strings.Join(ch.After, " "), "granted.example") {
+			t.Errorf("revoke: %+v", ch)
+		}
+		var ex struct{ Decision string }
+		must(t, call(t, read, "POST", boxPath+"/egress/explain", jsonBody(map[string]any{"method": "GET", "url": "https://granted.example/"})), 200).decode(t, &ex)
+		if ex.Decision != "deny" {
+			t.Errorf("explain after revoke: %+v", ex)
+		}
+	})
+
 	t.Run("mcp", func(t *testing.T) {
 		ctx := context.Background()
 		c, err := client.NewStreamableHttpClient(base+"/mcp", transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + write}))

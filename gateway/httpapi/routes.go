@@ -9,6 +9,7 @@ import (
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/profile"
 )
@@ -46,6 +47,10 @@ var Routes = []route{
 	{"GET", "/v1/sandboxes/{name}/ports", ScopeRead, "The sandbox's port forwards", sandboxPorts},
 	{"GET", "/v1/sandboxes/{name}/egress", ScopeRead, "The sandbox's effective egress: mode, allowlist, DNS table, counters", egressShow},
 	{"POST", "/v1/sandboxes/{name}/egress/explain", ScopeRead, "The decision the perimeter would make on a request, and which rule makes it", egressExplain},
+	{"POST", "/v1/sandboxes/{name}/egress/allow", ScopeWrite, "Grant egress to host[:port,…] now, on a running sandbox too: {host, for}", egressChange(api.EgressAllow)},
+	{"POST", "/v1/sandboxes/{name}/egress/revoke", ScopeWrite, "Revoke a live grant, closing its open connections: {host}", egressChange(api.EgressRevoke)},
+	{"POST", "/v1/sandboxes/{name}/egress/deny", ScopeWrite, "Deny a host over every allow rule: {host, for}", egressChange(api.EgressDeny)},
+	{"POST", "/v1/sandboxes/{name}/egress/apply", ScopeWrite, "Apply a project config's egress to the sandbox: {config, dry_run} (admin for a config with secrets)", egressApply},
 	{"GET", "/v1/sandboxes/{name}/files", ScopeRead, "List a guest directory (path)", filesList},
 	{"GET", "/v1/sandboxes/{name}/files/stat", ScopeRead, "Stat a guest path (path)", filesStat},
 	{"GET", "/v1/sandboxes/{name}/files/content", ScopeRead, "Download a guest file (path)", filesDownload},
@@ -275,6 +280,57 @@ func egressExplain(s *Service, w http.ResponseWriter, r *http.Request) error {
 	req.Name = r.PathValue("name")
 	return call(s, w, r, callTimeout, http.StatusOK, func(ctx context.Context, c *api.Client) (api.Explanation, error) {
 		return c.EgressExplain(ctx, req)
+	})
+}
+
+// EgressChangeBody is the body of the live egress routes: For is a Go duration ("10m"), empty
+// until revoked.
+type EgressChangeBody struct {
+	Host string `json:"host"`
+	For  string `json:"for,omitempty"`
+}
+
+// by names the caller in the records of a live change: the token's name, through the api.
+func by(r *http.Request) (string, string) {
+	tok, _ := callerOf(r.Context())
+	return "token " + tok.Name, "api"
+}
+
+func egressChange(verb bus.Endpoint[api.EgressChangeRequest, api.EgressChange]) func(*Service, http.ResponseWriter, *http.Request) error {
+	return func(s *Service, w http.ResponseWriter, r *http.Request) error {
+		var b EgressChangeBody
+		if err := decode(w, r, &b); err != nil {
+			return err
+		}
+		req := api.EgressChangeRequest{Name: r.PathValue("name"), Host: b.Host}
+		if b.For != "" {
+			d, err := time.ParseDuration(b.For)
+			if err != nil || d <= 0 {
+				return errdefs.Invalid("invalid for %q: use a duration like 10m or 2h", clip(b.For))
+			}
+			req.For = d
+		}
+		req.By, req.Via = by(r)
+		return call(s, w, r, callTimeout, http.StatusOK, func(ctx context.Context, c *api.Client) (api.EgressChange, error) {
+			return verb.Call(ctx, c.Conn(), "", req)
+		})
+	}
+}
+
+func egressApply(s *Service, w http.ResponseWriter, r *http.Request) error {
+	var req api.EgressApplyRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if req.Config != nil && len(req.Config.Egress.Secrets) > 0 {
+		if err := need(r, ScopeAdmin, "egress apply of a config that binds secrets"); err != nil {
+			return err
+		}
+	}
+	req.Name = r.PathValue("name")
+	req.By, req.Via = by(r)
+	return call(s, w, r, callTimeout, http.StatusOK, func(ctx context.Context, c *api.Client) (api.EgressChange, error) {
+		return c.EgressApply(ctx, req)
 	})
 }
 
