@@ -95,6 +95,15 @@ func buildMini(ctx context.Context, cache, root string, progress Progress) error
 			return err
 		}
 	}
+	// wget: Debian builds busybox-static without FEATURE_WGET_TIMEOUT, and busybox 1.35's wget
+	// then still accepts -T N but stores N through a NULL pointer: every `wget -T …` segfaults
+	// (rc 139). The applet link becomes a script that applies -T/--timeout with busybox timeout.
+	if err := os.Remove(filepath.Join(root, "usr/bin/wget")); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/bin/wget"), []byte(miniWget), 0o755); err != nil {
+		return err
+	}
 	files := map[string]string{
 		"etc/passwd":      "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
 		"etc/group":       "root:x:0:\nnogroup:x:65534:\n",
@@ -116,6 +125,51 @@ func buildMini(ctx context.Context, cache, root string, progress Progress) error
 	}
 	return nil
 }
+
+// miniWget is nexus-mini's /usr/bin/wget: busybox wget with -T SEC, -TSEC, --timeout=SEC and
+// --timeout SEC taken out and applied as a limit on the whole transfer (exit 4, as GNU wget's
+// network failure, when it passes).
+const miniWget = `#!/bin/sh
+# nexus-mini: busybox wget, with -T/--timeout applied by busybox timeout (Debian's busybox-static
+# has no wget timeout support and crashes on -T).
+t=
+n=$#
+while [ "$n" -gt 0 ]; do
+	a=$1
+	shift
+	n=$((n - 1))
+	case $a in
+	--)
+		set -- "$@" "$a"
+		while [ "$n" -gt 0 ]; do
+			set -- "$@" "$1"
+			shift
+			n=$((n - 1))
+		done
+		break
+		;;
+	-T | --timeout)
+		[ "$n" -gt 0 ] || { echo "wget: option $a requires an argument" >&2; exit 1; }
+		t=$1
+		shift
+		n=$((n - 1))
+		;;
+	-T* | --timeout=*) t=${a#-T}; t=${t#--timeout=} ;;
+	*) set -- "$@" "$a" ;;
+	esac
+done
+case $t in
+'' | 0) exec /bin/busybox wget "$@" ;;
+*[!0-9]*) echo "wget: invalid timeout '$t': give whole seconds" >&2; exit 1 ;;
+esac
+/bin/busybox timeout "$t" /bin/busybox wget "$@"
+rc=$?
+if [ "$rc" -eq 143 ]; then
+	echo "wget: timed out after ${t}s" >&2
+	exit 4
+fi
+exit "$rc"
+`
 
 // buildBase runs debootstrap with its debs cached under the nexus cache.
 func buildBase(ctx context.Context, cache, root string, progress Progress) error {

@@ -316,7 +316,7 @@ func lock(ctx context.Context, h home.Dir, name string) (func(), error) {
 
 // Recipe names the content of each image; change it when a build step changes so cached
 // copies of the old content are not reused.
-var Recipe = map[string]string{Mini: "mini-1", Base: "base-bookworm-2", AgentBase: "agent-base-bookworm-2"}
+var Recipe = map[string]string{Mini: "mini-2", Base: "base-bookworm-2", AgentBase: "agent-base-bookworm-2"}
 
 func cachedPath(cache, name string) string {
 	stem := Recipe[name]
