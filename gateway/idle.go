@@ -7,11 +7,12 @@ import (
 	"time"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
 )
 
 // Idle handling (--idle-timeout): a running sandbox with no exec, attach or copy (started or
-// still running), no network
-// traffic and no open connection, whose VM used under IdleCPUPercent of its vCPUs at every
+// still running), no network traffic and no open connection, no port-forwarded connection
+// (open, or taken since the last sample), whose VM used under IdleCPUPercent of its vCPUs at every
 // sample for the whole timeout, is paused; the next exec, attach or copy resumes it. What was
 // last seen lives in this process only: a restarted gateway starts every clock again, which
 // can only delay a pause.
@@ -31,6 +32,7 @@ type idleSample struct {
 	cpu           float64 // host CPU seconds of the VM
 	gbusy, gtotal uint64  // the guest's own CPU ticks
 	net           uint64
+	ports         uint64 // connections its port forwards took, all told
 }
 
 type idleWatch struct {
@@ -100,18 +102,20 @@ func (g *Service) sweepIdle(ctx context.Context, now time.Time) {
 	if err != nil {
 		return
 	}
+	ports := g.portActivity(ctx, records)
 	for _, st := range stats {
 		if st.State != api.StateRunning {
 			continue
 		}
 		net := st.NetOutBytes + st.NetInBytes
+		pa := ports[st.ID]
 		w.mu.Lock()
 		prev, seen := w.last[st.ID]
-		cur := idleSample{at: now, active: prev.active, cpu: st.CPUSeconds, gbusy: st.GuestCPUBusy, gtotal: st.GuestCPUTotal, net: net}
+		cur := idleSample{at: now, active: prev.active, cpu: st.CPUSeconds, gbusy: st.GuestCPUBusy, gtotal: st.GuestCPUTotal, net: net, ports: pa.accepted}
 		switch {
 		case !seen:
 			cur.active = now
-		case net != prev.net || st.Connections > 0 || st.Execs > 0:
+		case net != prev.net || st.Connections > 0 || st.Execs > 0 || pa.open > 0 || pa.accepted != prev.ports:
 			cur.active = now
 		case busyPercent(prev, cur, st.VCPUs) >= IdleCPUPercent:
 			cur.active = now
@@ -128,6 +132,38 @@ func (g *Service) sweepIdle(ctx context.Context, now time.Time) {
 			g.log.Info().Str("sandbox", sb.Name).Str("reason", why).Msg("paused an idle sandbox")
 		}
 	}
+}
+
+// portUse is what the port forwards of one sandbox relay: connections open now and taken so far.
+type portUse struct {
+	open     int
+	accepted uint64
+}
+
+// portActivity asks the port forwarder of each host the sandboxes are on what their forwards
+// relay, by sandbox id; a host that does not answer within statsWait counts as no activity.
+func (g *Service) portActivity(ctx context.Context, sandboxes map[string]*api.Sandbox) map[string]portUse {
+	out := map[string]portUse{}
+	asked := map[string]bool{}
+	for _, sb := range sandboxes {
+		if asked[sb.Host] {
+			continue
+		}
+		asked[sb.Host] = true
+		lctx, cancel := context.WithTimeout(ctx, statsWait)
+		fwds, err := portfwdapi.NewClient(g.cfg.Bus, sb.Host).List(lctx, portfwdapi.ListRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, f := range fwds {
+			u := out[f.ID]
+			u.open += f.Conns
+			u.accepted += f.Accepted
+			out[f.ID] = u
+		}
+	}
+	return out
 }
 
 // busyPercent is how busy the guest was between two samples, as a share of its vCPUs: from the

@@ -108,7 +108,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
 	f.StringVar(&r.TTL, "ttl", "", "remove the sandbox this long after create, whatever its state (30m, 2h, 7d; default: never)")
-	f.StringVar(&r.IdleTimeout, "idle-timeout", "", "pause the sandbox after this long without exec, attach, copy or network activity and under 5% CPU; the next exec resumes it (default: never)")
+	f.StringVar(&r.IdleTimeout, "idle-timeout", "", "pause the sandbox after this long without exec, attach, copy, port-forward or network activity and under 5% CPU; the next exec resumes it (default: never)")
 	limitFlags(f, &r.Limits)
 	f.StringVar(&configPath, "config", "", "project config (default: .nexus/config.yaml at the git root of the working directory)")
 	return cmd

@@ -23,9 +23,10 @@ type forward struct {
 	holder   string
 	since    time.Time
 
-	ln    net.Listener
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	ln       net.Listener
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	accepted uint64 // connections taken since start (under mu)
 }
 
 // start serves ln: each accepted connection is relayed to the guest port through the
@@ -75,7 +76,15 @@ func (f *forward) track(c net.Conn, max int) bool {
 		return false
 	}
 	f.conns[c] = struct{}{}
+	f.accepted++
 	return true
+}
+
+// activity is the connections relayed now and all those taken so far.
+func (f *forward) activity() (open int, accepted uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.conns), f.accepted
 }
 
 func (f *forward) untrack(c net.Conn) {

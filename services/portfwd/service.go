@@ -450,7 +450,9 @@ func (s *Service) list(_ context.Context, r api.ListRequest) ([]api.Forward, err
 			continue
 		}
 		for _, f := range sb.fwds {
-			out = append(out, s.record(f))
+			rec := s.record(f)
+			rec.Conns, rec.Accepted = f.activity()
+			out = append(out, rec)
 		}
 	}
 	s.mu.Unlock()

@@ -87,6 +87,10 @@ type Forward struct {
 	Holder    string    `json:"holder,omitempty"`
 	Since     time.Time `json:"since"`
 	Host      string    `json:"host"` // the machine the sandbox runs on
+	// Conns are the connections relayed now and Accepted all those this forward took since it
+	// started (in List answers only, not the stored record): idle handling counts them.
+	Conns    int    `json:"conns,omitempty"`
+	Accepted uint64 `json:"accepted,omitempty"`
 }
 
 // ListRequest selects the forwards of one sandbox by id (all when empty).
