@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -244,86 +243,6 @@ func runExec(ctx context.Context, c *api.Client, req api.ExecRequest, stdin io.R
 		fmt.Fprintf(stderr, "nexus: %s\n", strings.TrimPrefix(exit.Error, "nexus: "))
 	}
 	return exit.Code, nil
-}
-
-func cpCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cp SRC DST",
-		Short: "Copy a file between host and sandbox (NAME:/path names the guest side)",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			src, dst := args[0], args[1]
-			sName, sPath, sGuest := guestPath(src)
-			dName, dPath, dGuest := guestPath(dst)
-			if sGuest == dGuest {
-				return usageError{errors.New("cp: exactly one of SRC and DST must be NAME:/path in a sandbox")}
-			}
-			c, _, err := dial(cmd)
-			if err != nil {
-				return err
-			}
-			sid := stream.NewID()
-			sess, err := stream.Client(c.Conn(), sid)
-			if err != nil {
-				return err
-			}
-			defer sess.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			defer cancel()
-			if dGuest {
-				f, err := os.Open(src)
-				if err != nil {
-					return fmt.Errorf("cp: %w", err)
-				}
-				defer f.Close()
-				fi, err := f.Stat()
-				if err != nil || !fi.Mode().IsRegular() {
-					return fmt.Errorf("cp: %s is not a regular file", src)
-				}
-				if err := c.Copy(ctx, api.CopyRequest{Name: dName, SID: sid, ToGuest: true, Path: dPath, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()}); err != nil {
-					return err
-				}
-				go func() {
-					buf := make([]byte, stream.MaxChunk)
-					for {
-						n, err := f.Read(buf)
-						if n > 0 && sess.Write(stream.KindStdin, buf[:n]) != nil {
-							return
-						}
-						if err != nil {
-							sess.Send(stream.KindStdinClose, nil)
-							return
-						}
-					}
-				}()
-				return waitCopy(sess, nil)
-			}
-			tmp, err := os.CreateTemp(dirOf(dst), ".nexus-cp-*")
-			if err != nil {
-				return fmt.Errorf("cp: %w", err)
-			}
-			defer os.Remove(tmp.Name())
-			if err := c.Copy(ctx, api.CopyRequest{Name: sName, SID: sid, Path: sPath}); err != nil {
-				tmp.Close()
-				return err
-			}
-			if err := waitCopy(sess, tmp); err != nil {
-				tmp.Close()
-				return err
-			}
-			if err := tmp.Close(); err != nil {
-				return err
-			}
-			return os.Rename(tmp.Name(), dst)
-		},
-	}
-}
-
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[:i+1]
-	}
-	return "."
 }
 
 // guestPath splits NAME:/path; anything else is a host path.
