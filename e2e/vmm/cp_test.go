@@ -3,6 +3,7 @@ package vmm_test
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -58,5 +59,25 @@ func TestCopyDirectories(t *testing.T) {
 	}
 	if out := stack.MustNexus(t, "exec", "cpd/box", "cat", "/tmp/from-stdin.txt"); out != "hi\n" {
 		t.Fatalf("from stdin: %q", out)
+	}
+	// The same guest serves exec --json and logs --tail (issue 21), to boot no other.
+	out, errOut, code := stack.Nexus(t, "exec", "--json", "cpd/box", "sh", "-c", "echo out; echo err >&2; exit 3")
+	var res struct {
+		ExitCode    int    `json:"exit_code"`
+		Stdout      string `json:"stdout"`
+		Stderr      string `json:"stderr"`
+		StdoutBytes int64  `json:"stdout_bytes"`
+		Sandbox     string `json:"sandbox"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || code != 3 || res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "err\n" ||
+		res.StdoutBytes != 4 || res.Sandbox != "cpd/box" {
+		t.Fatalf("exec --json: exit %d %q %q (%v)", code, out, errOut, err)
+	}
+	logs := stack.MustNexus(t, "logs", "--tail", "3", "cpd/box")
+	if n := strings.Count(logs, "\n"); n > 3 || strings.Contains(logs, "\r") || strings.Contains(logs, "\x1b[") {
+		t.Fatalf("logs --tail 3 to a pipe: %d lines %q", n, logs)
+	}
+	if all := stack.MustNexus(t, "logs", "cpd/box"); strings.Contains(all, "PCI: Fatal") || !strings.Contains(all, "nexus-agent") {
+		t.Fatalf("logs: the PCI noise, or no agent line:\n%.1500s", all)
 	}
 }
