@@ -88,6 +88,7 @@ var jsonRefused = map[string][]string{
 	"agent launch": {"nexus-mini", "/bin/sh"},
 	"herdr launch": {"nexus-mini", "/bin/sh"},
 	"mcp":          nil,
+	"nats":         nil, // the NATS CLI's own --json comes after its command
 }
 
 // TestEveryCommandJSON walks the whole command tree: every runnable command, run with --json,

@@ -65,7 +65,7 @@ func NewRoot() *cobra.Command {
 		// images, secrets and the perimeter
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
-		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(), tokenCommand(),
+		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(), tokenCommand(), natsCommand(),
 		versionCommand(), downCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)
