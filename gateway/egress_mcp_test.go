@@ -42,7 +42,9 @@ func TestMCPEgressGate(t *testing.T) {
 	if err := reg.Create(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	mcp := func(host string) api.EgressChangeRequest { return api.EgressChangeRequest{Name: sb.Name, Host: host, Via: ViaMCP} }
+	mcp := func(host string) api.EgressChangeRequest {
+		return api.EgressChangeRequest{Name: sb.Name, Host: host, Via: ViaMCP}
+	}
 
 	for _, call := range []func(context.Context, api.EgressChangeRequest) (api.EgressChange, error){g.egressAllow, g.egressRevoke, g.egressDeny} {
 		if _, err := call(ctx, mcp("docs.example.com")); !errors.Is(err, errdefs.ErrRefused) || !strings.Contains(err.Error(), "--mcp-egress") {

@@ -15,6 +15,7 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/bytesize"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/failpoint"
 )
@@ -267,7 +268,7 @@ func (g *Service) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress 
 
 var volumeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
-// parseNamedMounts parses --mount-named NAME:GUEST[,kind=disk].
+// parseNamedMounts parses --mount-named NAME:GUEST[,kind=disk][,size=SIZE].
 func parseNamedMounts(specs []string) ([]api.Volume, error) {
 	var out []api.Volume
 	seen := map[string]bool{}
@@ -275,26 +276,38 @@ func parseNamedMounts(specs []string) ([]api.Volume, error) {
 		main, opts, _ := strings.Cut(s, ",")
 		n, guest, ok := strings.Cut(main, ":")
 		if !ok || !volumeNameRE.MatchString(n) || !strings.HasPrefix(guest, "/") || strings.ContainsAny(guest, ":\n") {
-			return nil, errdefs.Invalid("invalid --mount-named %q: use NAME:/guest/path[,kind=disk] (NAME: 1-63 of a-z 0-9 - _)", s)
+			return nil, errdefs.Invalid("invalid --mount-named %q: use NAME:/guest/path[,kind=disk][,size=SIZE] (NAME: 1-63 of a-z 0-9 - _)", s)
 		}
+		v := api.Volume{Name: n, Guest: guest, SizeMiB: api.DefaultVolumeMiB}
 		for _, o := range strings.Split(opts, ",") {
+			if size, ok := strings.CutPrefix(o, "size="); ok {
+				mib, err := bytesize.ParseMiB(size)
+				if err != nil || mib < MinVolumeMiB || mib > api.MaxDiskMiB {
+					return nil, errdefs.Invalid("invalid --mount-named %q: size must be %d MiB to %d TiB, as in size=2g", s, MinVolumeMiB, api.MaxDiskMiB>>20)
+				}
+				v.SizeMiB = mib
+				continue
+			}
 			if o != "" && o != "kind=disk" {
-				return nil, errdefs.Invalid("invalid --mount-named %q: the only option is kind=disk", s)
+				return nil, errdefs.Invalid("invalid --mount-named %q: the options are kind=disk and size=SIZE", s)
 			}
 		}
 		if seen[n] {
 			return nil, errdefs.Invalid("invalid --mount-named %q: volume %s is named twice", s, n)
 		}
 		seen[n] = true
-		out = append(out, api.Volume{Name: n, Guest: guest})
+		out = append(out, v)
 	}
 	return out, nil
 }
 
+// MinVolumeMiB is the smallest named volume: ext4's journal and metadata need room.
+const MinVolumeMiB = 16
+
 func vmmVolumes(vs []api.Volume) []vmmapi.Volume {
 	var out []vmmapi.Volume
 	for _, v := range vs {
-		out = append(out, vmmapi.Volume{Name: v.Name, Guest: v.Guest})
+		out = append(out, vmmapi.Volume{Name: v.Name, Guest: v.Guest, SizeMiB: v.SizeMiB})
 	}
 	return out
 }

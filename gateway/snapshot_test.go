@@ -14,7 +14,7 @@ func TestParseNamedMounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []api.Volume{{Name: "node_modules", Guest: "/work/node_modules"}, {Name: "cache", Guest: "/cache"}}
+	want := []api.Volume{{Name: "node_modules", Guest: "/work/node_modules", SizeMiB: api.DefaultVolumeMiB}, {Name: "cache", Guest: "/cache", SizeMiB: api.DefaultVolumeMiB}}
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("got %+v", got)
 	}

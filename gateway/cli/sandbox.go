@@ -105,7 +105,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.Repos, "repo", nil, "bind a GitHub repo owner/repo (repeatable)")
 	f.StringArrayVar(&r.Secrets, "secret", nil, "broker secret NAME@host[,host][:header=NAME], within the hosts it was stored for (repeatable)")
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
-	f.StringArrayVar(&r.MountNamed, "mount-named", nil, "named volume NAME:GUEST[,kind=disk]: a per-sandbox ext4 disk for write-heavy paths (repeatable)")
+	f.StringArrayVar(&r.MountNamed, "mount-named", nil, fmt.Sprintf("named volume NAME:GUEST[,kind=disk][,size=SIZE]: a per-sandbox ext4 disk for write-heavy paths, sparse, size as in 2g (default %dg) (repeatable)", api.DefaultVolumeMiB>>10))
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
 	f.StringVar(&r.TTL, "ttl", "", "remove the sandbox this long after create, whatever its state (30m, 2h, 7d; default: never)")
 	f.StringVar(&r.IdleTimeout, "idle-timeout", "", "pause the sandbox after this long without exec, attach, copy, port-forward or network activity and under 5% CPU; the next exec resumes it (default: never)")

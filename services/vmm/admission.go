@@ -3,10 +3,12 @@ package vmm
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"fmt"
 	"os"
 	"runtime"
 
+	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 	"github.com/IniZio/nexus/services/vmm/qemu"
@@ -81,26 +83,32 @@ func (s *Service) admit(id string, memMiB, vcpus int) (release func(), err error
 	}, nil
 }
 
-// admitDisk refuses a new root disk of diskMiB that the home's free space could not hold once
-// the guest filled it; a sandbox that already has its disk is not asked again.
-func (s *Service) admitDisk(id string, diskMiB int) error {
-	if diskMiB <= 0 {
-		return nil
+// admitDisk refuses a boot whose new root disk of diskMiB and new volume images the home's free
+// space could not hold once the guest filled them; disks and images that exist are not counted.
+func (s *Service) admitDisk(id string, diskMiB int, vols []api.Volume) error {
+	want := 0
+	if _, err := os.Stat(diskFile(s.cfg.Home.Sandbox(id))); diskMiB > 0 && err != nil {
+		want += diskMiB
 	}
-	if _, err := os.Stat(diskFile(s.cfg.Home.Sandbox(id))); err == nil {
+	for _, v := range vols {
+		if _, err := os.Stat(s.volumePath(id, v.Name)); err != nil && volumeNameRe.MatchString(v.Name) {
+			want += cmp.Or(v.SizeMiB, DefaultVolumeMiB)
+		}
+	}
+	if want == 0 {
 		return nil
 	}
 	sp, err := s.cfg.Home.Space()
 	if err != nil {
 		return err
 	}
-	return diskFits(s.cfg.Home.String(), sp, diskMiB)
+	return diskFits(s.cfg.Home.String(), sp, want)
 }
 
 // diskFits is the sentence refusing a diskMiB disk on a home with sp free, or nil.
 func diskFits(dir string, sp home.Space, diskMiB int) error {
 	if want := uint64(diskMiB) << 20; want > sp.Free {
-		return errdefs.Refused("not enough free disk for a %s root disk: %s has %s free of %s; ask for less --disk or free space there",
+		return errdefs.Refused("not enough free disk for %s of new disks: %s has %s free of %s; ask for less --disk or free space there",
 			home.Bytes(want), dir, home.Bytes(sp.Free), home.Bytes(sp.Total))
 	}
 	return nil

@@ -23,7 +23,7 @@ func TestDiskFits(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrRefused) {
 		t.Fatalf("a 6 GiB disk on 5 GiB free: %v, want refused", err)
 	}
-	want := "not enough free disk for a 6.0 GiB root disk: /h has 5.0 GiB free of 20.0 GiB; ask for less --disk or free space there"
+	want := "not enough free disk for 6.0 GiB of new disks: /h has 5.0 GiB free of 20.0 GiB; ask for less --disk or free space there"
 	if err.Error() != want {
 		t.Fatalf("refusal %q, want %q", err, want)
 	}

@@ -29,7 +29,7 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		return api.StartResponse{}, err
 	}
 	s.awaitAdoptions() // admission counts the VMs an earlier vmm left
-	if err := s.admitDisk(r.ID, r.DiskMiB); err != nil {
+	if err := s.admitDisk(r.ID, r.DiskMiB, r.Volumes); err != nil {
 		return api.StartResponse{}, err
 	}
 	release, err := s.admit(r.ID, r.MemoryMiB, r.VCPUs)

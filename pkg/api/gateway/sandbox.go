@@ -107,16 +107,21 @@ type Mount struct {
 type Volume struct {
 	Name  string `json:"name"`
 	Guest string `json:"guest"`
+	// SizeMiB is the size of its image when first made (size=); 0 in a record from before it:
+	// DefaultVolumeMiB.
+	SizeMiB int `json:"size_mib,omitempty"`
 }
 
-// Sandbox is one record in the registry (KV nexus_sandboxes, key = Name).
 // DefaultDiskMiB is the root disk of a sandbox created without --disk (sparse: the host holds
 // only what the guest writes); MaxDiskMiB the largest one asked for.
 const (
 	DefaultDiskMiB = 8 << 10
 	MaxDiskMiB     = 4 << 20
+	// DefaultVolumeMiB is a named volume's size without size= (sparse too).
+	DefaultVolumeMiB = 8 << 10
 )
 
+// Sandbox is one record in the registry (KV nexus_sandboxes, key = Name).
 type Sandbox struct {
 	ID        string            `json:"id"`
 	Name      string            `json:"name"` // project/name
