@@ -144,7 +144,7 @@ func completion(root *cobra.Command) {
 	}
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
-		if fn, ok := args[strings.TrimPrefix(c.CommandPath(), root.Name()+" ")]; ok && c.ValidArgsFunction == nil {
+		if fn, ok := byPath(args, root, c); ok && c.ValidArgsFunction == nil {
 			c.ValidArgsFunction = fn
 		}
 		if c.Flags().Lookup("agent") != nil {

@@ -58,7 +58,7 @@ var examples = map[string]string{
 func addExamples(root *cobra.Command) {
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
-		if ex, ok := examples[strings.TrimPrefix(c.CommandPath(), root.Name()+" ")]; ok && c.Example == "" {
+		if ex, ok := byPath(examples, root, c); ok && c.Example == "" {
 			c.Example = "  " + strings.ReplaceAll(ex, "\n", "\n  ")
 		}
 		for _, sub := range c.Commands() {
@@ -66,4 +66,15 @@ func addExamples(root *cobra.Command) {
 		}
 	}
 	walk(root)
+}
+
+// byPath is m's value for c by its path after the root's name; `nexus sandbox X`, an alias of
+// `nexus X`, has X's unless it has its own.
+func byPath[T any](m map[string]T, root, c *cobra.Command) (T, bool) {
+	p := strings.TrimPrefix(c.CommandPath(), root.Name()+" ")
+	v, ok := m[p]
+	if alias, isAlias := strings.CutPrefix(p, "sandbox "); isAlias && !ok {
+		v, ok = m[alias]
+	}
+	return v, ok
 }

@@ -98,9 +98,10 @@ func TestEveryCommandJSON(t *testing.T) {
 	st := newGatewayStack(t)
 	st.must(t, "create", "box", "--image", "nexus-mini")
 	args := jsonArgs(t)
-	for _, c := range runnable(NewRoot()) {
+	root := NewRoot()
+	for _, c := range runnable(root) {
 		p := cmdPath(c)
-		a, ok := args[p]
+		a, ok := byPath(args, root, c)
 		refusedArgs, refused := jsonRefused[p]
 		if !ok && !refused {
 			t.Errorf("nexus %s: not in jsonArgs nor jsonRefused: say how it runs under --json", p)

@@ -36,8 +36,9 @@ func dial(cmd *cobra.Command) (*api.Client, *Global, error) {
 
 // sandboxCommand is `nexus sandbox`: aliases of the top-level sandbox commands.
 func sandboxCommand() *cobra.Command {
-	sandbox := &cobra.Command{Use: "sandbox", Short: "Sandbox commands (aliases of the top-level ones)"}
-	sandbox.AddCommand(createCommand())
+	sandbox := &cobra.Command{Use: "sandbox", Short: "Sandbox commands (aliases of the top-level ones: create, ls, start, stop, pause, resume, rm)"}
+	sandbox.AddCommand(createCommand(), psCommand())
+	sandbox.AddCommand(lifecycleCommands()...)
 	return sandbox
 }
 
@@ -156,9 +157,10 @@ func psCommand() *cobra.Command {
 	var all bool
 	var sel []string
 	cmd := &cobra.Command{
-		Use:   "ps",
-		Short: "List sandboxes",
-		Args:  cobra.NoArgs,
+		Use:     "ps",
+		Aliases: []string{"ls"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, _, err := dial(cmd)
 			if err != nil {
