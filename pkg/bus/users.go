@@ -117,7 +117,8 @@ func permissions(user string) *server.Permissions {
 		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>"},
 			[]string{VMMAPI.All(), StreamPrefix + ".*.in", "$SRV.>"})
 	case UserNetstack:
-		return p([]string{AuditPublish(UserNetstack), "$SRV.>"},
+		// It reports the queries an ask-mode sandbox holds (nexus.events.egress.request.<id>).
+		return p([]string{AuditPublish(UserNetstack), EventsPrefix + ".egress.request.>", "$SRV.>"},
 			[]string{NetstackAPI.All(), "$SRV.>"})
 	case UserMITM:
 		return p([]string{credResolve, AuditPublish(UserMITM), "$SRV.>"},

@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -58,6 +59,11 @@ func (s *Service) Run(ctx context.Context) error {
 	svc, err := NewManager(ManagerConfig{
 		Logger: cfg.Log, Audit: pub, ResolverOverrides: cfg.Resolve,
 		UpstreamDNS: cfg.UpstreamDNS,
+		OnRequest: func(r netapi.EgressRequest) {
+			if b, err := json.Marshal(r); err == nil {
+				_ = cfg.Bus.Publish(netapi.RequestSubjectPrefix+"."+r.SandboxID, b)
+			}
+		},
 		MITMAddrFunc: func() (string, error) {
 			b, err := os.ReadFile(addrFile)
 			if err != nil {

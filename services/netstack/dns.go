@@ -81,6 +81,14 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		ev.Rule, ev.Reason = policy.RuleDenied, "name is denied ("+d+", nexus egress deny)"
 		reply(dns.RcodeNameError)
 		return
+	} else if pol.Ask && n.holdForApproval(name, 0) {
+		_, allow = n.policy() // approved while held
+		r, _ := allow.MatchName(name)
+		ev.Decision, ev.Rule = audit.Allow, r.String()
+	} else if pol.Ask {
+		ev.Rule, ev.Reason = RuleAskTimeout, "name is not on the allowlist; held for approval, none came in time"
+		reply(dns.RcodeServerFailure)
+		return
 	} else {
 		ev.Reason = "name is not on the allowlist"
 		reply(dns.RcodeNameError)

@@ -216,6 +216,8 @@ type env struct {
 	sock   string
 	ctx    context.Context
 	cancel context.CancelFunc
+	// requests receives what an ask-mode network holds for approval (ask_test.go).
+	requests chan netstackapi.EgressRequest
 }
 
 func shortSocket(t testing.TB) string {
@@ -233,15 +235,21 @@ func newEnv(t testing.TB, pol netstackapi.Policy, extra ...map[string]string) *e
 	t.Helper()
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("NEXUS_HOME", t.TempDir())
-	e := &env{log: &eventLog{}, up: startUpstreams(t), sock: shortSocket(t)}
+	e := &env{log: &eventLog{}, up: startUpstreams(t), sock: shortSocket(t), requests: make(chan netstackapi.EgressRequest, 16)}
 	for _, m := range extra {
 		for k, v := range m {
 			e.up.override[k] = v
 		}
 	}
 	svc, err := netstack.NewManager(netstack.ManagerConfig{
-		Logger:            zerolog.Nop(),
-		Audit:             e.log,
+		Logger: zerolog.Nop(),
+		Audit:  e.log,
+		OnRequest: func(r netstackapi.EgressRequest) {
+			select {
+			case e.requests <- r:
+			default:
+			}
+		},
 		MITMAddr:          e.up.connect.ln.Addr().String(),
 		UpstreamDNS:       e.up.dnsAddr,
 		ResolverOverrides: e.up.override,

@@ -65,6 +65,7 @@ type network struct {
 	dnsSrv []*dns.Server
 	dhcp   *dhcp.Server
 
+	held     askHeld    // DNS queries held for approval (ask.go)
 	conns    *conntrack // forwarded flows, judged again when the policy changes
 	budget   *budget    // egress limits
 	expiryMu sync.Mutex

@@ -61,6 +61,9 @@ type ManagerConfig struct {
 	DNSGrace time.Duration
 	// MTU of the guest link (default 1500).
 	MTU int
+	// OnRequest is told of each query an ask-mode network holds for approval (ask.go); it must
+	// not block.
+	OnRequest func(netstackapi.EgressRequest)
 }
 
 // Manager runs the networks of all sandboxes on this host.

@@ -76,6 +76,22 @@ type Policy struct {
 	// Deny are host patterns (`nexus egress deny`) refused whatever rule of Allow covers them
 	// (audited with rule egress_deny).
 	Deny []string `json:"deny,omitempty"`
+	// Ask holds a DNS query for a name not allowed (at most AskHold, then SERVFAIL) and reports
+	// it as an EgressRequest, so that a person may approve it meanwhile.
+	Ask bool `json:"ask,omitempty"`
+}
+
+// RequestSubjectPrefix is where a netstack publishes the queries it holds for approval:
+// nexus.events.egress.request.<sandbox id>.
+const RequestSubjectPrefix = "nexus.events.egress.request"
+
+// EgressRequest is one held query (or connection) of an ask-mode sandbox.
+type EgressRequest struct {
+	SandboxID   string    `json:"sandbox_id"`
+	SandboxName string    `json:"sandbox_name,omitempty"`
+	Host        string    `json:"host"`
+	Port        int       `json:"port,omitempty"` // 0: a DNS query (any port)
+	Time        time.Time `json:"time"`
 }
 
 // Spec creates one sandbox network (CreateRequest on the bus).
