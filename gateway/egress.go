@@ -83,7 +83,7 @@ func planFromRecord(sb *api.Sandbox) (*egressPlan, error) {
 // netPolicy is the netstack's policy of the plan.
 func (p *egressPlan) netPolicy() netapi.Policy {
 	return netapi.Policy{Mode: p.egress.Mode, AllowAllUntil: p.egress.AllowAllUntil, Allow: p.rules, Repos: p.egress.Repos,
-		AllowPrivate: p.egress.AllowPrivate, Deny: p.deny}
+		AllowPrivate: p.egress.AllowPrivate, Deny: p.deny, Ask: p.egress.Ask && p.egress.Mode == api.EgressCurated}
 }
 
 // planEgress turns the create flags and the agent profile into an egress plan.
@@ -186,6 +186,7 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 		limits = r.Config.Egress.Limits
 	}
 	p.egress.Limits = limits.Merge(r.Limits)
+	p.egress.Ask = r.EgressAsk || (r.Config != nil && r.Config.Egress.Ask)
 	if err := p.egress.Limits.Validate(); err != nil {
 		return nil, err
 	}

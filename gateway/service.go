@@ -120,6 +120,9 @@ func (g *Service) Run(ctx context.Context) error {
 	go g.watchLeases(ctx)
 	go g.watchIdle(ctx)
 	go g.watchGrants(ctx)
+	if err := g.watchRequests(ctx); err != nil {
+		return err
+	}
 	go func() {
 		t := time.NewTicker(ReconcileEvery)
 		defer t.Stop()
@@ -165,6 +168,9 @@ func (g *Service) Run(ctx context.Context) error {
 			api.EgressRevoke.Serve(s, g.egressRevoke),
 			api.EgressDeny.Serve(s, g.egressDeny),
 			api.EgressApply.Serve(s, g.egressApply),
+			api.EgressRequests.Serve(s, g.egressRequests),
+			api.EgressApprove.Serve(s, g.egressApprove),
+			api.EgressReject.Serve(s, g.egressReject),
 			api.Image.Serve(s, g.image),
 			api.Ports.Serve(s, g.ports),
 			api.SnapshotCreate.Serve(s, g.snapshotCreate),

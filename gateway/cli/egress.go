@@ -266,6 +266,9 @@ func egressCommand() *cobra.Command {
 			fmt.Fprintf(w, "allow:    %s\n", dash(strings.Join(v.Egress.Allow, " ")))
 			printGrants(w, "granted", v.Egress.Grants)
 			printGrants(w, "denied", v.Egress.Denies)
+			if v.Egress.Ask {
+				fmt.Fprintf(w, "ask:      on: hosts off the list are held as requests (%d pending; nexus egress requests)\n", len(v.Egress.Requests))
+			}
 			if len(v.Egress.Repos) > 0 {
 				fmt.Fprintf(w, "repos:    %s\n", strings.Join(v.Egress.Repos, " "))
 			}
@@ -302,5 +305,6 @@ func egressCommand() *cobra.Command {
 	}
 	eg.AddCommand(show, explainCommand())
 	eg.AddCommand(egressLiveCommands()...)
+	eg.AddCommand(egressAskCommands()...)
 	return eg
 }

@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"os/user"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -130,4 +132,107 @@ func printGrants(w io.Writer, label string, gs []api.Grant) {
 		fmt.Fprintf(w, "%-9s %s  by %s at %s, %s\n", label+":", g.Rule, dash(g.By), g.At.Local().Format(time.RFC3339), until)
 		label = strings.Repeat(" ", len(label))
 	}
+}
+
+// egressAskCommands are `nexus egress requests|approve|reject`: the pending requests of
+// ask-mode sandboxes (--egress-ask) and a person's answer to them.
+func egressAskCommands() []*cobra.Command {
+	var follow bool
+	requests := &cobra.Command{
+		Use:   "requests",
+		Short: "List the pending egress requests of ask-mode sandboxes (-f: keep printing new ones)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			seen := map[string]int{}
+			header := false
+			for {
+				list, err := c.EgressRequests(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if !follow && printedJSON(cmd, list) {
+					return nil
+				}
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				if !header && !jsonOutput(cmd) {
+					fmt.Fprintln(tw, "ID\tSANDBOX\tHOST\tPORT\tFIRST SEEN\tCOUNT")
+					header = true
+				}
+				for _, r := range list {
+					if seen[r.ID] == r.Count {
+						continue
+					}
+					seen[r.ID] = r.Count
+					if jsonOutput(cmd) {
+						b, _ := json.Marshal(r)
+						fmt.Fprintln(w, string(b))
+						continue
+					}
+					port := "any"
+					if r.Port != 0 {
+						port = fmt.Sprint(r.Port)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, r.Sandbox, r.Host, port, r.First.Local().Format("15:04:05"), r.Count)
+				}
+				tw.Flush()
+				if !follow {
+					return nil
+				}
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(time.Second):
+				}
+			}
+		},
+	}
+	requests.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new requests")
+	var d time.Duration
+	var ports []int
+	approve := &cobra.Command{
+		Use:   "approve ID",
+		Short: "Grant a pending request's host (its port, --port, or 443 and 80); a held query then proceeds",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			ch, err := c.EgressApprove(cmd.Context(), api.EgressAnswerRequest{ID: args[0], For: d, Ports: ports, By: whoami(), Via: "cli"})
+			if err != nil {
+				return err
+			}
+			if !printedJSON(cmd, ch) {
+				printChange(cmd.OutOrStdout(), ch)
+			}
+			return nil
+		},
+	}
+	approve.Flags().DurationVar(&d, "for", 0, "end the grant on its own after this long (e.g. 30m)")
+	approve.Flags().IntSliceVar(&ports, "port", nil, "ports to allow (repeatable or p1,p2; default the request's, or 443 and 80)")
+	reject := &cobra.Command{
+		Use:   "reject ID",
+		Short: "Drop a pending request; the guest's held query fails as it would have",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			ch, err := c.EgressReject(cmd.Context(), api.EgressAnswerRequest{ID: args[0], By: whoami(), Via: "cli"})
+			if err != nil {
+				return err
+			}
+			if !printedJSON(cmd, ch) {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: request %s rejected\n", ch.Sandbox, args[0])
+			}
+			return nil
+		},
+	}
+	return []*cobra.Command{requests, approve, reject}
 }

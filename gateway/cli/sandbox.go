@@ -101,6 +101,7 @@ func createCommand() *cobra.Command {
 	f.Float64Var(&r.CPUs, "cpus", 0, "host CPU time the sandbox may use, in CPUs, fractional allowed (default: its vCPUs)")
 	f.StringVar(&r.Agent, "agent", "", agentFlagHelp)
 	f.StringVar(&r.EgressMode, "egress", "", "egress mode: curated, allow-all[=DURATION] or none")
+	f.BoolVar(&r.EgressAsk, "egress-ask", false, "hold a connection to a host off the list as a pending request a person may approve (nexus egress requests)")
 	f.StringArrayVar(&r.AllowHosts, "allow-host", nil, "allow HOST[:PORT] (repeatable; a bare host means 443 and 80)")
 	f.StringArrayVar(&r.AllowPrivate, "allow-private", nil, "let allowed names reach this private network CIDR (RFC 1918, CGNAT, link-local, ULA; repeatable); other private addresses are refused")
 	f.StringArrayVar(&r.Repos, "repo", nil, "bind a GitHub repo owner/repo (repeatable)")

@@ -77,6 +77,9 @@ type Egress struct {
 	// AllowPrivate are CIDRs of non-public addresses (RFC 1918, CGNAT, link-local, ULA) that
 	// allowed names may resolve to, as --allow-private; every other such address is refused.
 	AllowPrivate []string `json:"allow_private,omitempty"`
+	// Ask makes a query for a host off the list a pending request a person may approve
+	// (`nexus egress requests`), as --egress-ask.
+	Ask bool `json:"ask,omitempty"`
 }
 
 // Secret binds a named secret (`nexus secret set NAME`) to hosts, optionally under an extra
@@ -266,6 +269,21 @@ func (p *parser) egress(n *yaml.Node, e *Egress) error {
 			return p.sequence(v, "egress.secrets", func(item *yaml.Node) error { return p.secret(item, e) })
 		},
 		"limits": func(_, v *yaml.Node) error { return p.limits(v, &e.Limits) },
+		"ask": func(_, v *yaml.Node) error {
+			s, err := p.scalar(v, "egress.ask")
+			if err != nil {
+				return err
+			}
+			switch s {
+			case "true":
+				e.Ask = true
+			case "false":
+				e.Ask = false
+			default:
+				return p.errf(v, "egress.ask: %q is not true or false", s)
+			}
+			return nil
+		},
 		"allow_private": func(_, v *yaml.Node) error {
 			return p.sequence(v, "egress.allow_private", func(item *yaml.Node) error {
 				s, err := p.scalar(item, "egress.allow_private entry")

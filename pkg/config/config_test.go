@@ -115,7 +115,7 @@ func TestParseErrors(t *testing.T) {
 		{"no version", "egress:\n  allow: [a.com]\n", "nexus config: c.yaml:1: version: missing"},
 		{"version 2", "version: 2\n", `nexus config: c.yaml:1: version: "2" is not supported`},
 		{"unknown top key", "version: 1\negres:\n  allow: []\n", `nexus config: c.yaml:2: unknown key "egres" in the top level (known: egress, version)`},
-		{"unknown egress key", "version: 1\negress:\n  allow: []\n  deny: [x.com]\n", `nexus config: c.yaml:4: unknown key "deny" in egress (known: allow, allow_private, limits, policy, secrets)`},
+		{"unknown egress key", "version: 1\negress:\n  allow: []\n  deny: [x.com]\n", `nexus config: c.yaml:4: unknown key "deny" in egress (known: allow, allow_private, ask, limits, policy, secrets)`},
 		{"unknown policy key", "version: 1\negress:\n  policy:\n    a.com:\n      path: [GET /]\n", `nexus config: c.yaml:5: unknown key "path" in egress.policy.a.com (known: paths, repos)`},
 		{"unknown secret key", "version: 1\negress:\n  secrets:\n    - name: X\n      host: [a.com]\n", `nexus config: c.yaml:5: unknown key "host"`},
 		{"bad allow host", "version: 1\negress:\n  allow:\n    - ok.com\n    - bad_host!.com\n", "nexus config: c.yaml:5: egress.allow: "},
@@ -259,4 +259,14 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("parsed config does not compile: %v", err)
 		}
 	})
+}
+
+func TestEgressAsk(t *testing.T) {
+	c, err := Parse("c.yaml", []byte("version: 1\negress:\n  ask: true\n"))
+	if err != nil || !c.Egress.Ask {
+		t.Fatalf("egress.ask: true: %+v %v", c, err)
+	}
+	if _, err := Parse("c.yaml", []byte("version: 1\negress:\n  ask: maybe\n")); err == nil || !strings.Contains(err.Error(), "egress.ask") {
+		t.Fatalf("egress.ask: maybe: %v", err)
+	}
 }

@@ -9,23 +9,25 @@ import (
 
 // CreateRequest asks for a new sandbox; zero values take the defaults.
 type CreateRequest struct {
-	Name          string            `json:"name"`
-	Image         string            `json:"image,omitempty"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	MemoryMiB     int               `json:"memory_mib,omitempty"`
-	VCPUs         int               `json:"vcpus,omitempty"`
-	CPUs          float64           `json:"cpus,omitempty"`     // host CPU quota in CPUs (fractional); 0: vcpus
-	DiskMiB       int               `json:"disk_mib,omitempty"` // root disk size; 0: DefaultDiskMiB
-	Agent         string            `json:"agent,omitempty"`
-	EgressMode    string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
-	AllowHosts    []string          `json:"allow_hosts,omitempty"`
-	AllowPrivate  []string          `json:"allow_private,omitempty"` // CIDRs of private addresses allowed names may lead to
-	Repos         []string          `json:"repos,omitempty"`
-	Secrets       []string          `json:"secrets,omitempty"`     // NAME@host[,host][:header=NAME]
-	Mounts        []string          `json:"mounts,omitempty"`      // host:guest[:ro]
-	MountNamed    []string          `json:"mount_named,omitempty"` // name:guest[,kind=disk]
-	NoPortForward bool              `json:"no_port_forward,omitempty"`
-	Ephemeral     bool              `json:"ephemeral,omitempty"`
+	Name       string            `json:"name"`
+	Image      string            `json:"image,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	MemoryMiB  int               `json:"memory_mib,omitempty"`
+	VCPUs      int               `json:"vcpus,omitempty"`
+	CPUs       float64           `json:"cpus,omitempty"`     // host CPU quota in CPUs (fractional); 0: vcpus
+	DiskMiB    int               `json:"disk_mib,omitempty"` // root disk size; 0: DefaultDiskMiB
+	Agent      string            `json:"agent,omitempty"`
+	EgressMode string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
+	// EgressAsk makes hosts off the list pending requests a person may approve (--egress-ask).
+	EgressAsk     bool     `json:"egress_ask,omitempty"`
+	AllowHosts    []string `json:"allow_hosts,omitempty"`
+	AllowPrivate  []string `json:"allow_private,omitempty"` // CIDRs of private addresses allowed names may lead to
+	Repos         []string `json:"repos,omitempty"`
+	Secrets       []string `json:"secrets,omitempty"`     // NAME@host[,host][:header=NAME]
+	Mounts        []string `json:"mounts,omitempty"`      // host:guest[:ro]
+	MountNamed    []string `json:"mount_named,omitempty"` // name:guest[,kind=disk]
+	NoPortForward bool     `json:"no_port_forward,omitempty"`
+	Ephemeral     bool     `json:"ephemeral,omitempty"`
 	// NoStart leaves the new sandbox created (a record, no VM) for a later start; the MCP
 	// sandbox_create does this unless asked to start.
 	NoStart bool `json:"no_start,omitempty"`

@@ -16,7 +16,32 @@ var (
 	EgressRevoke = bus.Endpoint[EgressChangeRequest, EgressChange]{Scope: bus.GatewayAPI, Verb: "egress.revoke"}
 	EgressDeny   = bus.Endpoint[EgressChangeRequest, EgressChange]{Scope: bus.GatewayAPI, Verb: "egress.deny"}
 	EgressApply  = bus.Endpoint[EgressApplyRequest, EgressChange]{Scope: bus.GatewayAPI, Verb: "egress.apply"}
+	// Ask mode: the pending requests of every sandbox, and a person's answer to one.
+	EgressRequests = bus.Endpoint[Empty, []EgressRequest]{Scope: bus.GatewayAPI, Verb: "egress.requests"}
+	EgressApprove  = bus.Endpoint[EgressAnswerRequest, EgressChange]{Scope: bus.GatewayAPI, Verb: "egress.approve"}
+	EgressReject   = bus.Endpoint[EgressAnswerRequest, EgressChange]{Scope: bus.GatewayAPI, Verb: "egress.reject"}
 )
+
+// EgressRequest is a pending request of an ask-mode sandbox: a host its guest tried to reach.
+type EgressRequest struct {
+	ID      string    `json:"id"`
+	Sandbox string    `json:"sandbox"`
+	Host    string    `json:"host"`
+	Port    int       `json:"port,omitempty"` // 0: a DNS query (any port)
+	First   time.Time `json:"first"`
+	Last    time.Time `json:"last"`
+	Count   int       `json:"count"`
+}
+
+// EgressAnswerRequest approves or rejects a pending request by ID.
+type EgressAnswerRequest struct {
+	ID string `json:"id"`
+	// For and Ports shape the grant an approval makes (default: until revoked, 443 and 80).
+	For   time.Duration `json:"for,omitempty"`
+	Ports []int         `json:"ports,omitempty"`
+	By    string        `json:"by,omitempty"`
+	Via   string        `json:"via,omitempty"`
+}
 
 // Grant is one live change of a sandbox's egress: an allow rule (Egress.Grants) or a deny
 // (Egress.Denies), with who made it, when, and until when.
@@ -74,6 +99,15 @@ func (c *Client) EgressRevoke(ctx context.Context, r EgressChangeRequest) (Egres
 }
 func (c *Client) EgressDeny(ctx context.Context, r EgressChangeRequest) (EgressChange, error) {
 	return EgressDeny.Call(ctx, c.nc, "", r)
+}
+func (c *Client) EgressRequests(ctx context.Context) ([]EgressRequest, error) {
+	return EgressRequests.Call(ctx, c.nc, "", Empty{})
+}
+func (c *Client) EgressApprove(ctx context.Context, r EgressAnswerRequest) (EgressChange, error) {
+	return EgressApprove.Call(ctx, c.nc, "", r)
+}
+func (c *Client) EgressReject(ctx context.Context, r EgressAnswerRequest) (EgressChange, error) {
+	return EgressReject.Call(ctx, c.nc, "", r)
 }
 func (c *Client) EgressApply(ctx context.Context, r EgressApplyRequest) (EgressChange, error) {
 	return EgressApply.Call(ctx, c.nc, "", r)

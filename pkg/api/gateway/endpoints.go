@@ -57,8 +57,8 @@ var Endpoints = []bus.Route{
 	Images, Image, SecretSet, SecretList, SecretRemove, EgressShow, EgressExplain,
 	SnapshotCreate, SnapshotList, SnapshotRemove, VolumeList, VolumeRemove,
 	DelegateCreate, DelegateDispatch, DelegatePoll, DelegateTeardown, // delegate.go
-	Stats,                                              // stats.go
-	EgressAllow, EgressRevoke, EgressDeny, EgressApply, // egress_live.go
+	Stats,                                                                                           // stats.go
+	EgressAllow, EgressRevoke, EgressDeny, EgressApply, EgressRequests, EgressApprove, EgressReject, // egress_live.go
 }
 
 // PortsRequest names one sandbox, or none for all of them.

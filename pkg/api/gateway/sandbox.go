@@ -83,7 +83,15 @@ type Egress struct {
 	// beat every rule (`nexus egress deny`); expired ones are dropped by the gateway.
 	Grants []Grant `json:"grants,omitempty"`
 	Denies []Grant `json:"denies,omitempty"`
+	// Ask holds a query for a host off the list as a pending request (--egress-ask,
+	// egress.ask); Requests are the pending ones, at most MaxPendingRequests.
+	Ask      bool            `json:"ask,omitempty"`
+	Requests []EgressRequest `json:"requests,omitempty"`
 }
+
+// MaxPendingRequests bounds an ask-mode sandbox's pending requests; past it, new hosts are
+// counted in the oldest request's place.
+const MaxPendingRequests = 32
 
 // SecretBinding binds a named secret to the hosts it may be swapped for.
 type SecretBinding struct {
