@@ -14,6 +14,7 @@ import (
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/ring"
 )
 
 const (
@@ -56,45 +57,26 @@ type ExecResult struct {
 // capture keeps the first and the last limit/2 bytes written to it and counts them all.
 type capture struct {
 	head  []byte
-	tail  []byte // a ring of the last limit/2 bytes once head is full
-	next  int    // where the ring's oldest byte is
+	tail  *ring.Ring // the last limit/2 bytes once head is full
 	total int64
 	limit int
 }
 
 func (c *capture) Write(p []byte) (int, error) {
 	c.total += int64(len(p))
-	half := c.limit / 2
-	if room := c.limit - len(c.head); len(c.tail) == 0 && room >= len(p) {
+	if c.tail == nil && len(c.head)+len(p) <= c.limit {
 		c.head = append(c.head, p...) // everything so far fits
 		return len(p), nil
 	}
-	if len(c.head) > half {
+	if c.tail == nil {
 		// Over the limit for the first time: the head keeps half, the rest starts the tail.
-		c.push(c.head[half:])
+		half := c.limit / 2
+		c.tail = ring.New(c.limit - half)
+		c.tail.Write(c.head[half:])
 		c.head = c.head[:half:half]
 	}
-	c.push(p)
+	c.tail.Write(p)
 	return len(p), nil
-}
-
-// push appends p to the tail ring.
-func (c *capture) push(p []byte) {
-	half := c.limit - c.limit/2
-	if len(p) >= half {
-		c.tail, c.next = append(c.tail[:0], p[len(p)-half:]...), 0
-		return
-	}
-	for len(p) > 0 && len(c.tail) < half {
-		n := min(half-len(c.tail), len(p))
-		c.tail = append(c.tail, p[:n]...)
-		p = p[n:]
-	}
-	for len(p) > 0 {
-		n := copy(c.tail[c.next:], p)
-		p = p[n:]
-		c.next = (c.next + n) % half
-	}
 }
 
 func (c *capture) truncated() bool { return c.total > int64(c.limit) }
@@ -106,7 +88,7 @@ func (c *capture) parts() (head, tail []byte) {
 		return c.head, nil
 	}
 	head = c.head[:len(c.head)-partialTail(c.head)]
-	tail = append(append([]byte{}, c.tail[c.next:]...), c.tail[:c.next]...)
+	tail = c.tail.Bytes()
 	for i := 0; i < utf8.UTFMax-1 && len(tail) > 0 && !utf8.RuneStart(tail[0]); i++ {
 		tail = tail[1:]
 	}
