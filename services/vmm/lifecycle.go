@@ -209,6 +209,16 @@ func (s *Service) remove(ctx context.Context, r api.IDRequest) (api.Empty, error
 // returns at once: the endpoints are served meanwhile, and a request about a VM still being
 // adopted waits for it (awaitAdoption).
 func (s *Service) adoptAll(ctx context.Context) {
+	// A boot the previous vmm began and never got to start QEMU for: nothing runs, and the
+	// gateway that waits for that boot hears it failed.
+	marks, _ := filepath.Glob(filepath.Join(s.cfg.Home.Sandboxes(), "*", bootingFile))
+	for _, mark := range marks {
+		dir := filepath.Dir(mark)
+		if _, err := os.Stat(filepath.Join(dir, "qemu.pid")); errors.Is(err, os.ErrNotExist) {
+			clearBooting(dir)
+			s.adoptFailed(filepath.Base(dir), "nexus restarted while the sandbox was booting, before its VM started; start it again")
+		}
+	}
 	pidfiles, _ := filepath.Glob(filepath.Join(s.cfg.Home.Sandboxes(), "*", "qemu.pid"))
 	for _, pidfile := range pidfiles {
 		dir := filepath.Dir(pidfile)

@@ -19,6 +19,7 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/failpoint"
 	"github.com/IniZio/nexus/services/vmm/guest"
 	"github.com/IniZio/nexus/services/vmm/hypervisor"
 	"github.com/IniZio/nexus/services/vmm/image"
@@ -128,6 +129,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	}
 	paused := time.Now()
 	err = s.capture(ctx, m, spec, tmp, &info)
+	failpoint.Hit("vmm/snapshot/copied")
 	if !wasPaused {
 		if rerr := m.vm.Resume(context.WithoutCancel(ctx)); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("resume after snapshot: %w", rerr))
@@ -161,6 +163,7 @@ func (s *Service) snapshotCreate(ctx context.Context, r api.SnapshotRequest) (ap
 	}
 	committed = true
 	fsutil.SyncDir(s.cfg.Home.Snapshots())
+	failpoint.Hit("vmm/snapshot/saved")
 	s.log.Info().Str("sandbox", m.name).Str("snapshot", r.Snapshot).Int64("paused_ms", info.PausedMillis).
 		Int64("ram_data", info.RAMDataBytes).Msg("snapshot created")
 	return info, nil
@@ -171,6 +174,7 @@ func (s *Service) capture(ctx context.Context, m *machine, spec hypervisor.Spec,
 	if err := m.vm.SaveState(ctx, stateFile(dir)); err != nil {
 		return err
 	}
+	failpoint.Hit("vmm/snapshot/state")
 	// After the migration QEMU has flushed and released the disks; the RAM file is quiescent.
 	n, err := fsutil.CopySparse(m.vm.RAMPath(), ramFile(dir))
 	if err != nil {
@@ -291,6 +295,15 @@ func (s *Service) loadSnapshot(name string) (api.SnapshotInfo, string, error) {
 	if err := json.Unmarshal(b, &info); err != nil {
 		return info, "", errdefs.Refused("snapshot %s is damaged: its record does not parse", name)
 	}
+	if why := damage(dir, info); why != "" {
+		return info, "", errdefs.Refused("snapshot %s is damaged: %s; no fork was started", name, why)
+	}
+	return info, dir, nil
+}
+
+// damage says what is wrong with the files of the snapshot in dir, recorded as info: a file
+// missing or not of the length recorded (a RAM file gone, say); empty when they are whole.
+func damage(dir string, info api.SnapshotInfo) string {
 	want := int64(info.MemoryMiB) << 20
 	checks := []struct {
 		what string
@@ -305,18 +318,18 @@ func (s *Service) loadSnapshot(name string) (api.SnapshotInfo, string, error) {
 	for _, c := range checks {
 		fi, err := os.Stat(c.path)
 		if err != nil {
-			return info, "", errdefs.Refused("snapshot %s is damaged: its %s is missing; no fork was started", name, c.what)
+			return fmt.Sprintf("its %s is missing", c.what)
 		}
 		if fi.Size() != c.size || c.size <= 0 {
-			return info, "", errdefs.Refused("snapshot %s is damaged: its %s is %d bytes, expected %d; no fork was started", name, c.what, fi.Size(), c.size)
+			return fmt.Sprintf("its %s is %d bytes, expected %d", c.what, fi.Size(), c.size)
 		}
 	}
 	for _, v := range info.Volumes {
 		if _, err := os.Stat(snapVolume(dir, v.Name)); err != nil {
-			return info, "", errdefs.Refused("snapshot %s is damaged: volume %s is missing; no fork was started", name, v.Name)
+			return fmt.Sprintf("volume %s is missing", v.Name)
 		}
 	}
-	return info, dir, nil
+	return ""
 }
 
 // fork boots a new sandbox's VM from a snapshot (restoreBoot).
@@ -362,10 +375,18 @@ func (s *Service) newForkBoot(r api.ForkRequest, info api.SnapshotInfo, sdir str
 	return b
 }
 
-// forkDisk creates the fork's qcow2 overlay over the snapshot's disk.
+// forkDisk creates the fork's qcow2 overlay over the snapshot's disk. A disk that a fork from
+// the same snapshot left (one cut off by a crash or failed before the gateway recorded it
+// running, which alone asks for a fork again) is made anew.
 func (b *boot) forkDisk(ctx context.Context) error {
-	if _, err := os.Stat(filepath.Join(b.s.cfg.Home.Sandbox(b.id), "disk.qcow2")); err == nil {
-		return errdefs.Conflict("sandbox %s already has a disk; a fork needs a new sandbox", b.name)
+	dir := b.s.cfg.Home.Sandbox(b.id)
+	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err == nil {
+		if from, _ := os.ReadFile(filepath.Join(dir, snapshotFile)); strings.TrimSpace(string(from)) != b.snapshot {
+			return errdefs.Conflict("sandbox %s already has a disk; a fork needs a new sandbox", b.name)
+		}
+		if err := os.Remove(filepath.Join(dir, "disk.qcow2")); err != nil {
+			return err
+		}
 	}
 	if err := b.sandboxDir(); err != nil {
 		return err
@@ -511,6 +532,9 @@ func (s *Service) snapshotList(ctx context.Context, _ api.Empty) ([]api.Snapshot
 		}
 		var info api.SnapshotInfo
 		if json.Unmarshal(b, &info) == nil {
+			if why := damage(filepath.Dir(p), info); why != "" {
+				info.Unusable = "damaged: " + why
+			}
 			out = append(out, info)
 		}
 	}

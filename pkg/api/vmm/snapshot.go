@@ -48,6 +48,9 @@ type SnapshotInfo struct {
 	Created       time.Time `json:"created"`
 	// PausedMillis is how long the parent's vCPUs stood still for the snapshot.
 	PausedMillis int64 `json:"paused_millis"`
+	// Unusable, in a list, says why no fork can start from the snapshot (a file missing or of
+	// the wrong length); empty when it is whole.
+	Unusable string `json:"unusable,omitempty"`
 }
 
 // SnapshotName names a snapshot.
@@ -98,6 +101,9 @@ func (c *Client) SnapshotRemove(ctx context.Context, name string) error {
 func (c *Client) SnapshotChildren(ctx context.Context, name string) ([]string, error) {
 	r, err := SnapshotChildren.Call(ctx, c.nc, c.host, SnapshotName{Snapshot: name})
 	return r.IDs, err
+}
+func (c *Client) Snapshots(ctx context.Context) ([]SnapshotInfo, error) {
+	return SnapshotList.Call(ctx, c.nc, c.host, Empty{})
 }
 func (c *Client) Fork(ctx context.Context, r ForkRequest) (StartResponse, error) {
 	return Fork.Call(ctx, c.nc, c.host, r)
