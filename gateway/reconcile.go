@@ -21,6 +21,9 @@ func (g *Service) watchVMs(ctx context.Context) (*nats.Subscription, error) {
 		if json.Unmarshal(m.Data, &ev) != nil || ev.ID == "" {
 			return
 		}
+		if b, ok := g.booting.Load(ev.ID); ok && ev.Failed != "" {
+			b.(*bootCall).cancel(errors.New(ev.Failed))
+		}
 		go g.markFailed(ctx, ev.ID, ev.Failed)
 	})
 }
@@ -101,6 +104,7 @@ func (g *Service) recoverOnStart(ctx context.Context, wait time.Duration) {
 			g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("recovery: cannot settle the sandbox yet")
 		}
 	}
+	go g.settleSnapshotsOnStart(ctx, time.Now(), deadline)
 }
 
 // settleFresh reads the record of name again (an earlier attempt may have moved it) and
@@ -149,6 +153,7 @@ func (g *Service) reconcile(ctx context.Context) {
 			g.log.Warn().Err(err).Str("sandbox", sb.Name).Str("state", string(sb.State)).Msg("reconcile: cannot settle the sandbox")
 		}
 	}
+	g.settleSnapshots(ctx, time.Now().Add(-orphanAge))
 }
 
 // settle makes sb's record true to vi, what its vmm runs, finishing or undoing the operation
@@ -217,4 +222,71 @@ func (g *Service) discard(ctx context.Context, sb *api.Sandbox) {
 	}
 	g.teardownPerimeter(rctx, sb)
 	g.forget(sb)
+}
+
+// hostSnapshots is what the vmm of host holds, by name; nil when it does not answer in time.
+func (g *Service) hostSnapshots(ctx context.Context, host string) map[string]vmmapi.SnapshotInfo {
+	lctx, cancel := context.WithTimeout(ctx, statsWait)
+	defer cancel()
+	list, err := g.vmm(host).Snapshots(lctx)
+	if err != nil {
+		return nil
+	}
+	held := make(map[string]vmmapi.SnapshotInfo, len(list))
+	for _, info := range list {
+		held[info.Name] = info
+	}
+	return held
+}
+
+// orphanAge is how old a snapshot without a record must be before the periodic reconcile
+// removes it: a snapshot create may take SnapshotTimeout, and its record is written after.
+var orphanAge = Overdue + api.SnapshotTimeout
+
+// settleSnapshotsOnStart settles the snapshots (settleSnapshots) a previous gateway began, once
+// this host's vmm answers (it may be starting too), or gives up at deadline, left to reconcile.
+func (g *Service) settleSnapshotsOnStart(ctx context.Context, began, deadline time.Time) {
+	for g.hostSnapshots(ctx, g.cfg.Host) == nil {
+		if time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	g.settleSnapshots(ctx, began)
+}
+
+// settleSnapshots removes the snapshots a vmm holds that have no record (a crash between the
+// vmm's copy and the gateway's record: nobody was told it exists, and its name would stay
+// taken) if they were begun before before. Each host of a sandbox is asked; one that does not
+// answer is settled later.
+func (g *Service) settleSnapshots(ctx context.Context, before time.Time) {
+	hosts := map[string]bool{g.cfg.Host: true}
+	if all, err := g.reg.List(ctx, nil); err == nil {
+		for _, sb := range all {
+			hosts[sb.Host] = true
+		}
+	}
+	for host := range hosts {
+		for name, info := range g.hostSnapshots(ctx, host) {
+			if !info.Created.Before(before) {
+				continue
+			}
+			rec, err := g.getSnapshot(ctx, name)
+			if err == nil && rec.Host == host || err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				continue
+			}
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err = g.vmm(host).SnapshotRemove(rctx, name)
+			cancel()
+			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				g.log.Warn().Err(err).Str("snapshot", name).Str("host", host).Msg("recovery: cannot remove a snapshot that has no record")
+				continue
+			}
+			g.log.Info().Str("snapshot", name).Str("host", host).Msg("recovery: removed a snapshot a crash left without a record")
+		}
+	}
 }

@@ -184,6 +184,7 @@ func (r *Registry) Transition(ctx context.Context, sb *api.Sandbox, to api.State
 	next.Reason = reason
 	if to == api.StateRunning && from != api.StatePaused {
 		next.StartedAt = r.now().UTC()
+		next.Fork = "" // a fork's VM ran: from now on it boots from its own disk
 	}
 	if mutate != nil {
 		mutate(&next)

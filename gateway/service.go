@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,6 +69,9 @@ type Service struct {
 	// expiry watcher.
 	audit     *audit.Publisher
 	grantWake chan struct{}
+	// booting ends, by sandbox id, the vmm call of a boot under way when its vmm reports that
+	// VM failed (a vmm that restarted mid-boot never answers the call): *bootCall.
+	booting sync.Map
 }
 
 // New returns a gateway; Run binds it to the bus.
@@ -319,6 +323,9 @@ func parseMounts(specs []string) ([]api.Mount, error) {
 // sandbox shares, cold or forked. On failure the sandbox is failed and nothing is left set up.
 func (g *Service) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, error) {
 	if err := g.reg.Transition(ctx, sb, api.StateStarting, "", nil); err != nil {
+		if cur, gerr := g.reg.Get(ctx, sb.Name); errors.Is(err, errdefs.ErrConflict) && gerr == nil && cur.ID == sb.ID && cur.State == api.StateStarting {
+			return nil, errAlreadyStarting(sb.Name) // a start that raced this one won
+		}
 		return nil, err
 	}
 	failpoint.Hit("gateway/boot/starting")
@@ -343,6 +350,31 @@ func (g *Service) startBoot(ctx context.Context, sb *api.Sandbox) (*perimeter, e
 	return perim, nil
 }
 
+// whileBooting runs call, the vmm call of a boot of sandbox id, and ends it with the reason
+// when the vmm reports the VM failed meanwhile (watchVMs).
+func (g *Service) whileBooting(ctx context.Context, id string, call func(context.Context) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	b := &bootCall{cancel: cancel}
+	g.booting.Store(id, b)
+	defer g.booting.CompareAndDelete(id, b)
+	err := call(ctx)
+	if err != nil && ctx.Err() != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+			return cause
+		}
+	}
+	return err
+}
+
+// bootCall is a boot's vmm call under way, in Service.booting.
+type bootCall struct{ cancel context.CancelCauseFunc }
+
+// errAlreadyStarting refuses a start of a sandbox that another start (or its create) is booting.
+func errAlreadyStarting(name string) error {
+	return errdefs.Conflict("sandbox %s is already starting: another start is under way; wait for it to finish (nexus ps)", name)
+}
+
 // boot moves sb through starting to running, or to failed with the reason.
 func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (err error) {
 	defer func() {
@@ -362,7 +394,10 @@ func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 	}
 	req.Mounts = append(req.Mounts, perim.mounts...)
 	req.Volumes = vmmVolumes(sb.Volumes)
-	if _, err := g.vmm(sb.Host).Start(ctx, req); err != nil {
+	if err := g.whileBooting(ctx, sb.ID, func(ctx context.Context) error {
+		_, err := g.vmm(sb.Host).Start(ctx, req)
+		return err
+	}); err != nil {
 		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)
 		return err
@@ -516,6 +551,15 @@ func (g *Service) start(ctx context.Context, sb *api.Sandbox, _ bool) error {
 		return nil
 	case api.StatePaused:
 		return g.resume(ctx, sb, false)
+	case api.StateStarting:
+		return errAlreadyStarting(sb.Name)
+	}
+	if sb.Fork != "" {
+		// A fork whose restore a crash or a failure cut off: restored again, not cold-booted.
+		if err := g.bootFork(ctx, sb, sb.Fork, ""); err != nil {
+			return g.removedMeanwhile(sb, err)
+		}
+		return nil
 	}
 	return g.boot(ctx, sb, "")
 }

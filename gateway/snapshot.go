@@ -77,6 +77,9 @@ func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 	if _, err := kv.Get(ctx, snap); err == nil {
 		return nil, errdefs.Conflict("snapshot %s already exists", snap)
 	}
+	if err := g.admit(); err != nil {
+		return nil, err // a snapshot copies the guest's RAM and disk into the home
+	}
 	info, err := g.vmm(sb.Host).SnapshotCreate(ctx, vmmapi.SnapshotRequest{ID: sb.ID, Snapshot: snap, Op: op})
 	if err != nil {
 		return nil, err
@@ -118,12 +121,23 @@ func (g *Service) snapshotList(ctx context.Context, _ api.Empty) ([]api.Snapshot
 	defer lister.Stop()
 	names := g.idNames(ctx)
 	out := []api.SnapshotView{}
+	onHost := map[string]map[string]vmmapi.SnapshotInfo{} // what each host's vmm holds; nil: no answer
 	for key := range lister.Keys() {
 		rec, err := g.getSnapshot(ctx, key)
 		if err != nil {
 			continue
 		}
 		v := api.SnapshotView{Snapshot: *rec}
+		held, asked := onHost[rec.Host]
+		if !asked {
+			held = g.hostSnapshots(ctx, rec.Host)
+			onHost[rec.Host] = held
+		}
+		if info, ok := held[rec.Name]; held != nil && !ok {
+			v.Unusable = "its files are gone from host " + rec.Host
+		} else if ok {
+			v.Unusable = info.Unusable
+		}
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if ids, err := g.vmm(rec.Host).SnapshotChildren(lctx, rec.Name); err == nil {
 			v.Children = childNames(ids, names)
@@ -229,7 +243,8 @@ func (g *Service) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 		return nil, err
 	}
 	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: rec.Image, MemoryMiB: rec.MemoryMiB, VCPUs: rec.VCPUs,
-		Agent: rec.Agent, Egress: rec.Egress, Secrets: rec.Secrets, Volumes: rec.Volumes, NoPortForward: rec.NoPortForward, Host: rec.Host}
+		Agent: rec.Agent, Egress: rec.Egress, Secrets: rec.Secrets, Volumes: rec.Volumes, NoPortForward: rec.NoPortForward, Host: rec.Host,
+		Fork: rec.Name}
 	if err := g.reg.Create(ctx, sb); err != nil {
 		return nil, err
 	}
@@ -257,7 +272,10 @@ func (g *Service) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress 
 	}
 	req := vmmapi.ForkRequest{ID: sb.ID, Name: sb.Name, Snapshot: snap, Hostname: hostname(sb.Name), Env: perim.env,
 		NetSocket: perim.netSocket, NoPortForward: sb.NoPortForward, Progress: progress}
-	if _, err := g.vmm(sb.Host).Fork(ctx, req); err != nil {
+	if err := g.whileBooting(ctx, sb.ID, func(ctx context.Context) error {
+		_, err := g.vmm(sb.Host).Fork(ctx, req)
+		return err
+	}); err != nil {
 		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)
 		return err

@@ -59,7 +59,15 @@ func snapshotCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%dMiB\t%d\t%s\t%s\n", s.Name, s.Sandbox, s.Image, s.MemoryMiB, s.RAMDataBytes>>20,
 					len(s.Children), age(s.CreatedAt), s.Host)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, s := range list {
+				if s.Unusable != "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s is unusable, no fork can start from it: %s\n", s.Name, s.Unusable)
+				}
+			}
+			return nil
 		},
 	}
 	rm := &cobra.Command{

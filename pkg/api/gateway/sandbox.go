@@ -163,6 +163,9 @@ type Sandbox struct {
 	// Config is the .nexus/config.yaml the sandbox was created with: its egress.policy gates
 	// requests (pkg/httppolicy), its allow and secrets joined the allowlist and the bindings.
 	Config *config.Config `json:"config,omitempty"`
+	// Fork, on a fork whose VM has not run yet, names the snapshot it is restored from: a fork
+	// cut off by a crash is restored again by `nexus start`, never cold-booted from its image.
+	Fork string `json:"fork,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)

@@ -32,6 +32,9 @@ type Snapshot struct {
 type SnapshotView struct {
 	Snapshot
 	Children []string `json:"children,omitempty"`
+	// Unusable says why no fork can start from the snapshot (its RAM file is gone, say);
+	// empty when it is whole.
+	Unusable string `json:"unusable,omitempty"`
 }
 
 // SnapshotCreateRequest snapshots a running (or paused) sandbox.
