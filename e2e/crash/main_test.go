@@ -2,28 +2,40 @@
 // (pkg/failpoint, armed in the e2e build only), restarts it, and checks the registry against
 // what runs: no record mid-transition, a running sandbox answers exec with its configuration,
 // nothing orphaned on disk, in /dev/shm, in the netstack or the mitm, and the user finishes the
-// operation with one command. One stack (nexus-mini guests) serves the whole package.
+// operation with one command. One stack (nexus-mini guests) serves the whole package; its
+// $NEXUS_HOME is a small loop-mounted ext4, so that a guest can fill "the host disk" for real.
 package crash_test
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/failpoint"
+	"github.com/IniZio/nexus/pkg/home"
+)
+
+// The stack's home: an ext4 of homeSize, with the disk watermark at minFree.
+const (
+	homeSize = "1G"
+	minFree  = "64MiB"
 )
 
 var (
-	stack *testutil.Stack
+	stack   *testutil.Stack
+	tmpHome string
 	// mountDir is live-mounted into every sandbox these tests create: a configured guest sees
 	// its file at /work/mark.
 	mountDir string
@@ -35,7 +47,31 @@ func TestMain(m *testing.M) {
 		if err := os.MkdirAll(mountDir, 0o755); err != nil {
 			return err
 		}
-		return os.WriteFile(filepath.Join(mountDir, "mark"), []byte("mounted\n"), 0o644)
+		if err := os.WriteFile(filepath.Join(mountDir, "mark"), []byte("mounted\n"), 0o644); err != nil {
+			return err
+		}
+		if os.Geteuid() != 0 {
+			return fmt.Errorf("the crash tests mount a loop device as the home: run them as root")
+		}
+		// A loop-mounted ext4, as in e2e/contain (a tmpfs would fill the writer's memory
+		// cgroup before it fills).
+		tmpHome = filepath.Join(f.Dir, "home")
+		img := filepath.Join(f.Dir, "home.img")
+		if err := os.MkdirAll(tmpHome, 0o700); err != nil {
+			return err
+		}
+		for _, c := range [][]string{{"truncate", "-s", homeSize, img}, {"mkfs.ext4", "-q", "-m", "0", img},
+			{"mount", "-o", "loop", img, tmpHome}, {"chmod", "0700", tmpHome}} {
+			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+				return fmt.Errorf("%s: %v: %s", c[0], err, out)
+			}
+		}
+		f.Cleanup(func() { exec.Command("umount", "-l", tmpHome).Run() })
+		f.Env("NEXUS_HOME="+tmpHome, "NEXUS_MIN_FREE_DISK="+minFree)
+		return nil
+	}), testutil.Started(func(s *testutil.Stack) error {
+		s.Home = home.Dir(tmpHome) // the environment's NEXUS_HOME wins over the stack's own
+		return nil
 	}))
 }
 
@@ -48,6 +84,7 @@ func createArgs(name string) []string {
 // stack is dead and starts it again. The point must be reached.
 func crashAt(t *testing.T, point string, args ...string) {
 	t.Helper()
+	startWitness(t)
 	if err := os.MkdirAll(stack.Home.Run(), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +118,62 @@ func crashAt(t *testing.T, point string, args ...string) {
 		t.Fatal(err)
 	}
 	t.Logf("%s: killed after %v, up again in %v", point, killed.Sub(began).Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+	checkAuditKept(t)
+}
+
+// witness is a sandbox whose guest asks the gateway's resolver, twice a second, for a name off
+// its allowlist (a denial the netstack audits) and notes each name it got the refusal for in
+// /root/denied: decisions made, and seen by the guest, before whatever kill comes next. Each
+// noted name must be in the audit stream after the restart (the spooled publisher's promise).
+const witness = "crash/witness"
+
+var witnessOnce sync.Once
+
+const witnessLoop = `setsid sh -c 'i=0; while :; do i=$((i+1)); n=w$i.lost.example; nslookup $n 2>&1 | grep -q NXDOMAIN && echo $n >> /root/denied; sleep 0.5; done' </dev/null >/dev/null 2>&1 &`
+
+func startWitness(t *testing.T) {
+	t.Helper()
+	witnessOnce.Do(func() {
+		stack.MustNexus(t, createArgs(witness)...)
+		stack.MustNexus(t, "exec", witness, "--", "sh", "-c", witnessLoop)
+		remember(t)
+	})
+}
+
+// checkAuditKept checks that every denial the witness's guest saw is in the audit stream.
+func checkAuditKept(t *testing.T) {
+	t.Helper()
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		out, errOut, code := stack.Nexus(t, "exec", witness, "--", "cat", "/root/denied")
+		if code != 0 {
+			return fmt.Errorf("the witness's denials: exit %d: %s", code, errOut)
+		}
+		seen := strings.Fields(out)
+		if len(seen) == 0 {
+			return errors.New("the witness's guest saw no denial yet")
+		}
+		stream, errOut, code := stack.Nexus(t, "audit", "tail", "--sandbox", witness, "--denied", "--json")
+		if code != 0 {
+			return fmt.Errorf("audit tail: exit %d: %s", code, errOut)
+		}
+		audited := map[string]bool{}
+		for _, line := range strings.Split(stream, "\n") {
+			var ev audit.Event
+			if json.Unmarshal([]byte(line), &ev) == nil && ev.Layer == audit.LayerDNS {
+				audited[ev.Host] = true
+			}
+		}
+		var lost []string
+		for _, n := range seen {
+			if !audited[n] {
+				lost = append(lost, n)
+			}
+		}
+		if len(lost) > 0 {
+			return fmt.Errorf("%d of the %d denials the guest saw are not in the audit stream: %v", len(lost), len(seen), lost)
+		}
+		return nil
+	})
 }
 
 // sandboxes is `ps -a --json`.
@@ -133,7 +226,7 @@ func checkConsistent(t *testing.T) {
 			t.Errorf("%s is left %s after the restart (%s)", s.Name, s.State, s.Reason)
 		}
 		if s.State == api.StateRunning {
-			checkConfigured(t, s.Name)
+			checkConfigured(t, s.Name, len(s.Mounts) > 0)
 		}
 	}
 	// Nothing on disk of a sandbox without a record; no perimeter and no RAM without a VM.
@@ -186,12 +279,17 @@ func remember(t *testing.T) {
 }
 
 // checkConfigured runs a command in a running sandbox and checks what configure and mounts gave
-// it: the perimeter's CA and the variable naming it, the hostname, the live mount.
-func checkConfigured(t *testing.T, name string) {
+// it: the perimeter's CA and the variable naming it, the hostname, the live mount (when mounted:
+// a sandbox to snapshot has none).
+func checkConfigured(t *testing.T, name string, mounted bool) {
 	t.Helper()
 	_, host, _ := strings.Cut(name, "/")
-	script := fmt.Sprintf(`head -1 %[1]s; echo "$NODE_EXTRA_CA_CERTS"; hostname; cat /work/mark`, vmmapi.CAPath)
-	want := fmt.Sprintf("-----BEGIN CERTIFICATE-----\n%s\n%s\nmounted\n", vmmapi.CAPath, host)
+	script := fmt.Sprintf(`head -1 %[1]s; echo "$NODE_EXTRA_CA_CERTS"; hostname`, vmmapi.CAPath)
+	want := fmt.Sprintf("-----BEGIN CERTIFICATE-----\n%s\n%s\n", vmmapi.CAPath, host)
+	if mounted {
+		script += "; cat /work/mark"
+		want += "mounted\n"
+	}
 	out, errOut, code := stack.Nexus(t, "exec", name, "--", "sh", "-c", script)
 	if code != 0 || out != want {
 		t.Errorf("%s is running but not configured: exit %d\n%s%s\nwant:\n%s", name, code, out, errOut, want)
