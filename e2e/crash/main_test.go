@@ -3,7 +3,7 @@
 // what runs: no record mid-transition, a running sandbox answers exec with its configuration,
 // nothing orphaned on disk, in /dev/shm, in the netstack or the mitm, and the user finishes the
 // operation with one command. One stack (nexus-mini guests) serves the whole package; its
-// $NEXUS_HOME is a small loop-mounted ext4, so that a guest can fill "the host disk" for real.
+// $NEXUS_HOME is a loop-mounted ext4, so that a guest can fill "the host disk" for real.
 package crash_test
 
 import (
@@ -27,9 +27,10 @@ import (
 	"github.com/IniZio/nexus/pkg/home"
 )
 
-// The stack's home: an ext4 of homeSize, with the disk watermark at minFree.
+// The stack's home: an ext4 of homeSize (a sparse file: only what is written takes space, and
+// creates ask for the default 8 GiB root disk's room), with the disk watermark at minFree.
 const (
-	homeSize = "1G"
+	homeSize = "24G"
 	minFree  = "64MiB"
 )
 
@@ -60,7 +61,7 @@ func TestMain(m *testing.M) {
 		if err := os.MkdirAll(tmpHome, 0o700); err != nil {
 			return err
 		}
-		for _, c := range [][]string{{"truncate", "-s", homeSize, img}, {"mkfs.ext4", "-q", "-m", "0", img},
+		for _, c := range [][]string{{"truncate", "-s", homeSize, img}, {"mkfs.ext4", "-q", "-m", "0", "-N", "65536", "-E", "lazy_itable_init=1,lazy_journal_init=1", img},
 			{"mount", "-o", "loop", img, tmpHome}, {"chmod", "0700", tmpHome}} {
 			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 				return fmt.Errorf("%s: %v: %s", c[0], err, out)
