@@ -297,8 +297,11 @@ func TestAPI(t *testing.T) {
 			Live  bool     `json:"live"`
 			Grant struct{ By string }
 		}
-		must(t, call(t, write, "POST", boxPath+"/egress/allow", jsonBody(map[string]any{"host": "granted.example", "for": "10m"})), 200).decode(t, &ch)
-		if !strings.Contains(strings.Join(ch.After, " "), "granted.example") || ch.Grant.By != "token e2e-write via api" {
+		if r := call(t, write, "POST", boxPath+"/egress/allow", jsonBody(map[string]any{"host": "granted.example"})); r.status != 403 {
+			t.Errorf("allow with a write token: %d %s", r.status, r.body)
+		}
+		must(t, call(t, tokens["admin"], "POST", boxPath+"/egress/allow", jsonBody(map[string]any{"host": "granted.example", "for": "10m"})), 200).decode(t, &ch)
+		if !strings.Contains(strings.Join(ch.After, " "), "granted.example") || ch.Grant.By != "token e2e-admin via api" {
 			t.Errorf("allow: %+v", ch)
 		}
 		if r := call(t, read, "POST", boxPath+"/egress/revoke", jsonBody(map[string]any{"host": "granted.example"})); r.status != 403 {

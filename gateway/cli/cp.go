@@ -11,13 +11,11 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/errdefs"
-	"github.com/IniZio/nexus/pkg/stream"
 )
 
 // CopyResult is what `nexus cp --json` prints.
@@ -177,31 +175,7 @@ func copyFileIn(cmd *cobra.Command, c *api.Client, src string, fi fs.FileInfo, n
 		return 0, fmt.Errorf("cp: %w", err)
 	}
 	defer f.Close()
-	sid := stream.NewID()
-	sess, err := stream.Client(c.Conn(), sid)
-	if err != nil {
-		return 0, err
-	}
-	defer sess.Close()
-	ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-	defer cancel()
-	if err := c.Copy(ctx, api.CopyRequest{Name: name, SID: sid, ToGuest: true, Path: target, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()}); err != nil {
-		return 0, err
-	}
-	go func() {
-		buf := make([]byte, stream.MaxChunk)
-		for {
-			n, err := f.Read(buf)
-			if n > 0 && sess.Write(stream.KindStdin, buf[:n]) != nil {
-				return
-			}
-			if err != nil {
-				sess.Send(stream.KindStdinClose, nil)
-				return
-			}
-		}
-	}()
-	return fi.Size(), waitCopy(sess, nil)
+	return fi.Size(), c.CopyIn(cmd.Context(), name, target, uint32(fi.Mode().Perm()), fi.Size(), f)
 }
 
 // copyOut copies sPath of sandbox name to the host's dst (- for a tar stream on stdout): the

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
-	"github.com/IniZio/nexus/pkg/stream"
 )
 
 func execCommand() *cobra.Command {
@@ -252,28 +250,4 @@ func guestPath(s string) (name, path string, ok bool) {
 		return "", s, false
 	}
 	return s[:i], s[i+1:], true
-}
-
-func waitCopy(sess *stream.Session, w io.Writer) error {
-	for {
-		m, err := sess.Recv()
-		if err != nil {
-			return fmt.Errorf("cp: the stream ended early: %w", err)
-		}
-		switch m.Kind {
-		case stream.KindStdout:
-			if w != nil {
-				if _, err := w.Write(m.Data); err != nil {
-					return fmt.Errorf("cp: %w", err)
-				}
-			}
-		case stream.KindExit:
-			var exit vmmapi.Exit
-			json.Unmarshal(m.Data, &exit)
-			if exit.Code != 0 {
-				return fmt.Errorf("cp: %s", exit.Error)
-			}
-			return nil
-		}
-	}
 }

@@ -176,14 +176,28 @@ func (s *Service) stat(ctx context.Context, name, p string) (FileInfo, error) {
 	return l[0], nil
 }
 
-func filesStat(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
+// fileReq is a file route's request: the sandbox, the guest path, and the deadline.
+type fileReq struct {
+	ctx        context.Context
+	name, path string
+}
+
+// fileRoute reads the sandbox and path of a file route and runs fn under timeout.
+func fileRoute(timeout time.Duration, fn func(*Service, http.ResponseWriter, *http.Request, fileReq) error) func(*Service, http.ResponseWriter, *http.Request) error {
+	return func(s *Service, w http.ResponseWriter, r *http.Request) error {
+		p, err := guestPathOf(r)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := withTimeout(r, timeout)
+		defer cancel()
+		return fn(s, w, r, fileReq{ctx: ctx, name: r.PathValue("name"), path: p})
 	}
-	ctx, cancel := withTimeout(r, fileTimeout)
-	defer cancel()
-	fi, err := s.stat(ctx, r.PathValue("name"), p)
+}
+
+// answerStat answers the path's stat: what a route that changed it made of it.
+func (s *Service) answerStat(w http.ResponseWriter, f fileReq) error {
+	fi, err := s.stat(f.ctx, f.name, f.path)
 	if err != nil {
 		return err
 	}
@@ -191,105 +205,113 @@ func filesStat(s *Service, w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func filesList(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
+// statKind stats the path and refuses it unless it is a directory (dir) or not one (!dir).
+func (s *Service) statKind(f fileReq, dir bool, hint string) (FileInfo, error) {
+	fi, err := s.stat(f.ctx, f.name, f.path)
+	switch {
+	case err != nil:
+		return fi, err
+	case dir && fi.Type != "dir":
+		return fi, errdefs.Conflict("%s is not a directory", f.path)
+	case !dir && fi.Type == "dir":
+		return fi, errdefs.Conflict("%s is a directory: %s", f.path, hint)
 	}
-	ctx, cancel := withTimeout(r, fileTimeout)
-	defer cancel()
+	return fi, nil
+}
+
+var (
+	filesStat     = fileRoute(fileTimeout, func(s *Service, w http.ResponseWriter, _ *http.Request, f fileReq) error { return s.answerStat(w, f) })
+	filesList     = fileRoute(fileTimeout, listDir)
+	filesMkdir    = fileRoute(fileTimeout, mkdir)
+	filesRemove   = fileRoute(fileTimeout, remove)
+	filesDownload = fileRoute(treeTimeout, download)
+	filesUpload   = fileRoute(treeTimeout, upload)
+	filesTarGet   = fileRoute(treeTimeout, tarGet)
+	filesTarPut   = fileRoute(treeTimeout, tarPut)
+)
+
+func listDir(s *Service, w http.ResponseWriter, _ *http.Request, f fileReq) error {
 	script := statLine + `; [ -e "$1" ] || exit 44; [ -d "$1" ] || exit 45; cd -- "$1" || exit 1
 for f in * .[!.]* ..?*; do { [ -e "$f" ] || [ -L "$f" ]; } && st "$f"; done; exit 0`
-	b, err := s.guest(ctx, r.PathValue("name"), script, []string{p}, nil, nil)
+	b, err := s.guest(f.ctx, f.name, script, []string{f.path}, nil, nil)
 	if err != nil {
 		return err
 	}
-	l, err := parseStats(p, b)
+	l, err := parseStats(f.path, b)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"path": p, "entries": l})
+	writeJSON(w, http.StatusOK, map[string]any{"path": f.path, "entries": l})
 	return nil
 }
 
-func filesMkdir(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
+func mkdir(s *Service, w http.ResponseWriter, _ *http.Request, f fileReq) error {
+	if _, err := s.guest(f.ctx, f.name, `mkdir -p -- "$1"`, []string{f.path}, nil, nil); err != nil {
 		return err
 	}
-	ctx, cancel := withTimeout(r, fileTimeout)
-	defer cancel()
-	if _, err := s.guest(ctx, r.PathValue("name"), `mkdir -p -- "$1"`, []string{p}, nil, nil); err != nil {
-		return err
-	}
-	fi, err := s.stat(ctx, r.PathValue("name"), p)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, fi)
-	return nil
+	return s.answerStat(w, f)
 }
 
-func filesRemove(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
-	}
-	if p == "/" {
+func remove(s *Service, w http.ResponseWriter, r *http.Request, f fileReq) error {
+	if f.path == "/" {
 		return errdefs.Invalid("refusing to remove /")
 	}
 	rec, err := boolQuery(r, "recursive", false)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := withTimeout(r, fileTimeout)
-	defer cancel()
 	script := `[ -e "$1" ] || [ -L "$1" ] || exit 44; [ -d "$1" ] && [ ! -L "$1" ] && [ "$2" != r ] && exit 46; rm -rf -- "$1"`
 	flag := "-"
 	if rec {
 		flag = "r"
 	}
-	if _, err := s.guest(ctx, r.PathValue("name"), script, []string{p, flag}, nil, nil); err != nil {
+	if _, err := s.guest(f.ctx, f.name, script, []string{f.path, flag}, nil, nil); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"path": p, "removed": true})
+	writeJSON(w, http.StatusOK, map[string]any{"path": f.path, "removed": true})
 	return nil
 }
 
-func filesDownload(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
-	}
-	name := r.PathValue("name")
-	ctx, cancel := withTimeout(r, treeTimeout)
-	defer cancel()
-	fi, err := s.stat(ctx, name, p)
-	if err != nil {
-		return err
-	}
-	if fi.Type == "dir" {
-		return errdefs.Conflict("%s is a directory: download it with GET …/files/tar", p)
-	}
-	c, err := s.client(ctx)
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/octet-stream")
+// streamOut sends what fn writes as the body; an error before the first byte is the answer's
+// status, one after it the X-Nexus-Error trailer (and a log line).
+func (s *Service) streamOut(w http.ResponseWriter, f fileReq, contentType string, fn func(io.Writer) error) error {
+	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Trailer", "X-Nexus-Error")
-	if fi.Type == "file" {
-		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
-	}
 	sw := &startWriter{w: w}
-	if err := c.CopyOut(ctx, name, p, sw); err != nil {
+	if err := fn(sw); err != nil {
 		if !sw.started {
 			w.Header().Del("Content-Length")
 			return err
 		}
 		w.Header().Set("X-Nexus-Error", oneLine(err.Error()))
-		s.log.Warn().Err(err).Str("sandbox", name).Msg("api: download cut short")
+		s.log.Warn().Err(err).Str("sandbox", f.name).Msg("api: download cut short")
 	}
 	return nil
+}
+
+func download(s *Service, w http.ResponseWriter, _ *http.Request, f fileReq) error {
+	fi, err := s.statKind(f, false, "download it with GET …/files/tar")
+	if err != nil {
+		return err
+	}
+	c, err := s.client(f.ctx)
+	if err != nil {
+		return err
+	}
+	if fi.Type == "file" {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	}
+	return s.streamOut(w, f, "application/octet-stream", func(out io.Writer) error { return c.CopyOut(f.ctx, f.name, f.path, out) })
+}
+
+func tarGet(s *Service, w http.ResponseWriter, _ *http.Request, f fileReq) error {
+	if _, err := s.statKind(f, true, ""); err != nil {
+		return err
+	}
+	return s.streamOut(w, f, "application/x-tar", func(out io.Writer) error {
+		_, err := s.guest(f.ctx, f.name, `cd -- "$1" || exit 45; exec tar -cf - .`, []string{f.path}, nil, out)
+		return err
+	})
 }
 
 // startWriter notes whether anything was written (after which an error cannot be a status).
@@ -314,13 +336,10 @@ func uploadBody(w http.ResponseWriter, r *http.Request) (io.Reader, error) {
 	return http.MaxBytesReader(w, r.Body, r.ContentLength), nil
 }
 
-func filesUpload(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
-	}
+func upload(s *Service, w http.ResponseWriter, r *http.Request, f fileReq) error {
 	mode := uint64(0o644)
 	if v := r.URL.Query().Get("mode"); v != "" {
+		var err error
 		if mode, err = strconv.ParseUint(v, 8, 32); err != nil || mode > 0o7777 {
 			return errdefs.Invalid("invalid mode %q: use octal permission bits such as 644", clip(v))
 		}
@@ -329,70 +348,23 @@ func filesUpload(s *Service, w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	name := r.PathValue("name")
-	ctx, cancel := withTimeout(r, treeTimeout)
-	defer cancel()
-	c, err := s.client(ctx)
+	c, err := s.client(f.ctx)
 	if err != nil {
 		return err
 	}
-	if err := c.CopyIn(ctx, name, p, uint32(mode), r.ContentLength, body); err != nil {
+	if err := c.CopyIn(f.ctx, f.name, f.path, uint32(mode), r.ContentLength, body); err != nil {
 		return err
 	}
-	fi, err := s.stat(ctx, name, p)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, fi)
-	return nil
+	return s.answerStat(w, f)
 }
 
-func filesTarGet(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
-	}
-	name := r.PathValue("name")
-	ctx, cancel := withTimeout(r, treeTimeout)
-	defer cancel()
-	fi, err := s.stat(ctx, name, p)
-	if err != nil {
-		return err
-	}
-	if fi.Type != "dir" {
-		return errdefs.Conflict("%s is not a directory", p)
-	}
-	w.Header().Set("Content-Type", "application/x-tar")
-	w.Header().Set("Trailer", "X-Nexus-Error")
-	sw := &startWriter{w: w}
-	if _, err := s.guest(ctx, name, `cd -- "$1" || exit 45; exec tar -cf - .`, []string{p}, nil, sw); err != nil {
-		if !sw.started {
-			return err
-		}
-		w.Header().Set("X-Nexus-Error", oneLine(err.Error()))
-	}
-	return nil
-}
-
-func filesTarPut(s *Service, w http.ResponseWriter, r *http.Request) error {
-	p, err := guestPathOf(r)
-	if err != nil {
-		return err
-	}
+func tarPut(s *Service, w http.ResponseWriter, r *http.Request, f fileReq) error {
 	body, err := uploadBody(w, r)
 	if err != nil {
 		return err
 	}
-	name := r.PathValue("name")
-	ctx, cancel := withTimeout(r, treeTimeout)
-	defer cancel()
-	if _, err := s.guest(ctx, name, `mkdir -p -- "$1" && exec tar -xf - -C "$1"`, []string{p}, body, nil); err != nil {
+	if _, err := s.guest(f.ctx, f.name, `mkdir -p -- "$1" && exec tar -xf - -C "$1"`, []string{f.path}, body, nil); err != nil {
 		return err
 	}
-	fi, err := s.stat(ctx, name, p)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, fi)
-	return nil
+	return s.answerStat(w, f)
 }

@@ -47,10 +47,10 @@ var Routes = []route{
 	{"GET", "/v1/sandboxes/{name}/ports", ScopeRead, "The sandbox's port forwards", sandboxPorts},
 	{"GET", "/v1/sandboxes/{name}/egress", ScopeRead, "The sandbox's effective egress: mode, allowlist, DNS table, counters", egressShow},
 	{"POST", "/v1/sandboxes/{name}/egress/explain", ScopeRead, "The decision the perimeter would make on a request, and which rule makes it", egressExplain},
-	{"POST", "/v1/sandboxes/{name}/egress/allow", ScopeWrite, "Grant egress to host[:port,…] now, on a running sandbox too: {host, for}", egressChange(api.EgressAllow)},
+	{"POST", "/v1/sandboxes/{name}/egress/allow", ScopeAdmin, "Grant egress to host[:port,…] now, on a running sandbox too: {host, for} (admin: it opens the perimeter, to a secret's hosts too)", egressChange(api.EgressAllow)},
 	{"POST", "/v1/sandboxes/{name}/egress/revoke", ScopeWrite, "Revoke a live grant, closing its open connections: {host}", egressChange(api.EgressRevoke)},
 	{"POST", "/v1/sandboxes/{name}/egress/deny", ScopeWrite, "Deny a host over every allow rule: {host, for}", egressChange(api.EgressDeny)},
-	{"POST", "/v1/sandboxes/{name}/egress/apply", ScopeWrite, "Apply a project config's egress to the sandbox: {config, dry_run} (admin for a config with secrets)", egressApply},
+	{"POST", "/v1/sandboxes/{name}/egress/apply", ScopeAdmin, "Apply a project config's egress to the sandbox: {config, dry_run}", egressApply},
 	{"GET", "/v1/sandboxes/{name}/files", ScopeRead, "List a guest directory (path)", filesList},
 	{"GET", "/v1/sandboxes/{name}/files/stat", ScopeRead, "Stat a guest path (path)", filesStat},
 	{"GET", "/v1/sandboxes/{name}/files/content", ScopeRead, "Download a guest file (path)", filesDownload},
@@ -321,11 +321,6 @@ func egressApply(s *Service, w http.ResponseWriter, r *http.Request) error {
 	var req api.EgressApplyRequest
 	if err := decode(w, r, &req); err != nil {
 		return err
-	}
-	if req.Config != nil && len(req.Config.Egress.Secrets) > 0 {
-		if err := need(r, ScopeAdmin, "egress apply of a config that binds secrets"); err != nil {
-			return err
-		}
 	}
 	req.Name = r.PathValue("name")
 	req.By, req.Via = by(r)

@@ -147,31 +147,11 @@ var Table = []Setting{
 	{Flag: "metrics-addr", Env: "NEXUS_METRICS_ADDR", Arg: "[host]:port", Scope: Stack,
 		Help:  "serve Prometheus metrics at http://ADDR/metrics (a bare :port is 127.0.0.1; anything wider is up to you)",
 		Unset: "off",
-		set: func(v *Values, s string) error {
-			host, port, err := net.SplitHostPort(s)
-			if err != nil {
-				return fmt.Errorf("%q is not [host]:port", s)
-			}
-			if host == "" {
-				host = "127.0.0.1"
-			}
-			v.MetricsAddr = net.JoinHostPort(host, port)
-			return nil
-		}},
+		set:   listenAddr(func(v *Values) *string { return &v.MetricsAddr })},
 	{Flag: "api", Env: "NEXUS_API", Arg: "[host]:port", Scope: Stack,
 		Help:  "serve the HTTP API (and MCP at /mcp) at ADDR; beyond loopback only with --api-tls-cert and --api-tls-key (a bare :port is 127.0.0.1)",
 		Unset: "off for `nexus up`, " + DefaultAPIAddr + " for `nexus serve api`",
-		set: func(v *Values, s string) error {
-			host, port, err := net.SplitHostPort(s)
-			if err != nil {
-				return fmt.Errorf("%q is not [host]:port", s)
-			}
-			if host == "" {
-				host = "127.0.0.1"
-			}
-			v.APIAddr = net.JoinHostPort(host, port)
-			return nil
-		}},
+		set:   listenAddr(func(v *Values) *string { return &v.APIAddr })},
 	{Flag: "api-tls-cert", Env: "NEXUS_API_TLS_CERT", Arg: "file", Scope: Stack,
 		Help: "PEM certificate (chain) the HTTP API serves; with --api-tls-key",
 		set:  text(func(v *Values) *string { return &v.APITLSCert }, nil, "")},
@@ -330,6 +310,21 @@ func text(field func(*Values) *string, ok func(string) bool, want string) func(*
 			return fmt.Errorf("%q is not %s", s, want)
 		}
 		*field(v) = s
+		return nil
+	}
+}
+
+// listenAddr sets the [host]:port field returns; a bare :port is 127.0.0.1.
+func listenAddr(field func(*Values) *string) func(*Values, string) error {
+	return func(v *Values, s string) error {
+		host, port, err := net.SplitHostPort(s)
+		if err != nil {
+			return fmt.Errorf("%q is not [host]:port", s)
+		}
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		*field(v) = net.JoinHostPort(host, port)
 		return nil
 	}
 }
