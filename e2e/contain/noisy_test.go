@@ -100,10 +100,19 @@ func TestNoisyNeighbours(t *testing.T) {
 	})
 
 	t.Run("forkbomb", func(t *testing.T) {
+		// The burner goes (kill -1 spares the agent, PID 1), so the bomb has the guest's CPU.
+		stack.Nexus(t, "exec", "noisy/loud", "--", "sh", "-c", "kill -9 -1")
 		noise(t, "noisy/loud", "b() { b | b & }; b")
 		pids := cgroupDir(t, pid, "pids")
 		mem := cgroupDir(t, pid, "memory")
-		quietWhile(t, "noisy/quiet", 8*time.Second)
+		quietWhile(t, "noisy/quiet", 10*time.Second)
+		// The guest's commands run in a cgroup of their own, so the bomb leaves its agent
+		// answering; before, it took the agent down within seconds and the sandbox failed as
+		// "hung or panicked".
+		out, errOut, code := stack.Nexus(t, "exec", "noisy/loud", "--", "echo", "alive")
+		if code != 0 || out != "alive\n" || state(t, "noisy/loud") != "running" {
+			t.Errorf("the fork-bombing sandbox does not answer: exit %d %q %q; %s %s", code, out, errOut, state(t, "noisy/loud"), reason(t, "noisy/loud"))
+		}
 		// The guest's processes are not the host's: QEMU's stay few and inside its pids limit.
 		cur, _ := strconv.Atoi(readTrim(t, filepath.Join(pids, "pids.current")))
 		limit, _ := strconv.Atoi(readTrim(t, filepath.Join(pids, "pids.max")))

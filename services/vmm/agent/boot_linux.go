@@ -96,6 +96,11 @@ func RunInit() {
 
 	log.Info().Dict("took", took).Msg("boot steps")
 
+	// Before the reaper: the cgroup's probe waits for its own child.
+	execCG, err := ExecCgroup()
+	if err != nil {
+		log.Warn().Err(err).Msg("the guest's commands run without a cgroup of their own")
+	}
 	reaper := NewReaper()
 	go reaper.Run(nil)
 	srv, _ := New(Config{
@@ -106,6 +111,8 @@ func RunInit() {
 		BootTime: start,
 		Kernel:   kernel,
 		Reaper:   reaper,
+
+		ExecCgroup: execCG,
 
 		BootErrors: bootErrors,
 		SetHostname: func(name string) error {

@@ -12,6 +12,12 @@ import (
 // is PID 1 the Reaper does all wait(2) calls (orphans included) and hands our children's status
 // over; otherwise the process is waited for directly.
 func (s *Server) startProcess(cmd *exec.Cmd) (func() syscall.WaitStatus, error) {
+	if s.cfg.ExecCgroup != nil {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(s.cfg.ExecCgroup.Fd())
+	}
 	if s.cfg.Reaper != nil {
 		return s.cfg.Reaper.start(cmd)
 	}
