@@ -36,8 +36,10 @@ var ToolScopes = map[string]Scope{
 	mcp.ToolAgentPoll:        ScopeAdmin,
 	mcp.ToolDelegateTeardown: ScopeAdmin,
 	// Egress changes open the perimeter: admin only (and off unless --mcp-egress).
-	mcp.ToolEgressAllow:  ScopeAdmin,
-	mcp.ToolEgressRevoke: ScopeAdmin,
+	mcp.ToolEgressAllow:    ScopeAdmin,
+	mcp.ToolEgressRevoke:   ScopeAdmin,
+	mcp.ToolEgressRequests: ScopeRead,
+	mcp.ToolEgressApprove:  ScopeAdmin,
 }
 
 // authorizeTool checks the caller's token against the tool's scope. A tool missing from

@@ -13,9 +13,22 @@ import (
 // Live egress tools (issue 26). The gateway refuses them unless the stack runs with
 // --mcp-egress, and never lets them open a private address or a host a secret is bound to.
 const (
-	ToolEgressAllow  = "egress_allow"
-	ToolEgressRevoke = "egress_revoke"
+	ToolEgressAllow    = "egress_allow"
+	ToolEgressRevoke   = "egress_revoke"
+	ToolEgressRequests = "egress_requests"
+	ToolEgressApprove  = "egress_approve"
 )
+
+// RequestsResult lists the pending requests of ask-mode sandboxes.
+type RequestsResult struct {
+	Requests []api.EgressRequest `json:"requests"`
+}
+
+type approveArgs struct {
+	ID    string `json:"id"`
+	For   string `json:"for"`
+	Ports []int  `json:"ports"`
+}
 
 // EgressAllowDescription is egress_allow's description.
 const EgressAllowDescription = "Allow one more host on a sandbox's curated egress, running or not, optionally for a while (for: 30m); new connections " +
@@ -44,7 +57,58 @@ func (s *Server) egressTools() []toolDef {
 			mcpgo.WithString("host", mcpgo.Required(), mcpgo.Description("host of the grant (host:port,… removes only that rule)")),
 			hints{title: "Revoke a host grant"}.opt(), mcpgo.WithOutputSchema[api.EgressChange](),
 		), handler: s.egressRevoke},
+		{tool: mcpgo.NewTool(ToolEgressRequests,
+			mcpgo.WithDescription("Pending egress requests of sandboxes created with egress ask mode: hosts a guest tried to reach that are not allowed "+
+				"(id, sandbox, host, port, first and last seen, count). Answer one with egress_approve, or the operator with nexus egress approve/reject."),
+			reader("Pending egress requests"), mcpgo.WithOutputSchema[RequestsResult](),
+		), handler: s.egressRequests},
+		{tool: mcpgo.NewTool(ToolEgressApprove,
+			mcpgo.WithDescription("Approve a pending egress request by id: a grant of its host (its port, ports, or 443 and 80), optionally for a while; "+
+				"a lookup the guest still holds then proceeds. Off unless the operator started nexus with --mcp-egress; never a private address or a secret's host."),
+			mcpgo.WithString("id", mcpgo.Required(), mcpgo.Description("request id from egress_requests (r-…)")),
+			mcpgo.WithString("for", mcpgo.Description("end the grant on its own after this long, e.g. 30m")),
+			mcpgo.WithArray("ports", mcpgo.Description("ports to allow (default the request's, or 443 and 80)"), mcpgo.Items(map[string]any{"type": "integer"})),
+			hints{title: "Approve an egress request"}.opt(), mcpgo.WithOutputSchema[api.EgressChange](),
+		), handler: s.egressApprove},
 	}
+}
+
+func (s *Server) egressRequests(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+	if err := bind(req, &struct{}{}); err != nil {
+		return nil, err
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := c.EgressRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return RequestsResult{Requests: list}, nil
+}
+
+func (s *Server) egressApprove(ctx context.Context, req mcpgo.CallToolRequest) (any, error) {
+	var a approveArgs
+	if err := bind(req, &a); err != nil {
+		return nil, err
+	}
+	if a.ID == "" {
+		return nil, errdefs.Invalid("id is required")
+	}
+	r := api.EgressAnswerRequest{ID: a.ID, Ports: a.Ports, By: "mcp client", Via: "mcp"}
+	if a.For != "" {
+		d, err := time.ParseDuration(a.For)
+		if err != nil || d <= 0 {
+			return nil, errdefs.Invalid("invalid for %q: use a duration like 30m or 2h", a.For)
+		}
+		r.For = d
+	}
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.EgressApprove(ctx, r)
 }
 
 func (s *Server) egressChange(ctx context.Context, req mcpgo.CallToolRequest, call func(*api.Client, api.EgressChangeRequest) (api.EgressChange, error)) (any, error) {

@@ -68,6 +68,8 @@ func TestToolsList(t *testing.T) {
 		"sandbox_fork":             {[]string{"snapshot", "name"}, []string{"labels"}},
 		"egress_allow":             {[]string{"name", "host"}, []string{"for"}},
 		"egress_revoke":            {[]string{"name", "host"}, nil},
+		"egress_requests":          {nil, nil},
+		"egress_approve":           {[]string{"id"}, []string{"for", "ports"}},
 	}
 	if len(got) != len(want) {
 		t.Errorf("got %d tools, want %d", len(got), len(want))

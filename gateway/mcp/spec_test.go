@@ -79,7 +79,7 @@ func TestAnnotations(t *testing.T) {
 		t.Fatal(err)
 	}
 	readers := map[string]bool{"sandbox_list": true, "sandbox_get": true, "sandbox_logs": true, "sandbox_ports": true,
-		"egress_audit": true, "delegate_agent_poll": true}
+		"egress_audit": true, "delegate_agent_poll": true, "egress_requests": true}
 	destructive := map[string]bool{"sandbox_remove": true, "sandbox_stop": true, "sandbox_exec": true, "delegate_teardown": true}
 	for _, tool := range res.Tools {
 		a := tool.Annotations
