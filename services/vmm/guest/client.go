@@ -68,6 +68,7 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 	attempt := 250 * time.Millisecond
 	var last error
+	opened := false // QEMU said the guest opened its port: a hello sent now is heard
 	for {
 		if err := ctx.Err(); err != nil {
 			if last != nil {
@@ -98,20 +99,31 @@ func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 			}
 			conn.Close()
 			if kicked.Load() {
-				continue // the port is open now: the next hello is heard
+				// The port is open now: the next hello is heard, and only a slow guest (TCG on a
+				// loaded host) keeps its answer waiting, so the next attempts wait for it.
+				opened, attempt = true, openedAttempt
+				continue
 			}
-			// Kept short: while the guest has not opened its port the hello is lost, and the
-			// wait for the attempt in flight adds directly to sandbox create time.
-			attempt = min(attempt*2, 500*time.Millisecond)
+			if !opened {
+				// Kept short: while the guest has not opened its port the hello is lost, and
+				// the wait for the attempt in flight adds directly to sandbox create time.
+				attempt = min(attempt*2, 500*time.Millisecond)
+			}
 		}
 		last = err
 		select {
 		case <-ctx.Done():
 		case <-cfg.PortOpened:
+			opened, attempt = true, openedAttempt
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
 }
+
+// openedAttempt bounds one handshake once the guest's port is known to be open. Cut short, as
+// before the port opened, a guest slowed down by a loaded host never gets its answer in: each
+// reconnect throws away the handshake it was answering.
+const openedAttempt = 10 * time.Second
 
 // NewClient runs the handshake and a ping on conn (one attempt, bounded by ctx) and returns a
 // Client that owns conn.
