@@ -96,14 +96,11 @@ func (s *Server) egressApprove(ctx context.Context, req mcpgo.CallToolRequest) (
 	if a.ID == "" {
 		return nil, errdefs.Invalid("id is required")
 	}
-	r := api.EgressAnswerRequest{ID: a.ID, Ports: a.Ports, By: "mcp client", Via: "mcp"}
-	if a.For != "" {
-		d, err := time.ParseDuration(a.For)
-		if err != nil || d <= 0 {
-			return nil, errdefs.Invalid("invalid for %q: use a duration like 30m or 2h", a.For)
-		}
-		r.For = d
+	d, err := grantFor(a.For)
+	if err != nil {
+		return nil, err
 	}
+	r := api.EgressAnswerRequest{ID: a.ID, Ports: a.Ports, For: d, By: "mcp client", Via: "mcp"}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
@@ -119,14 +116,11 @@ func (s *Server) egressChange(ctx context.Context, req mcpgo.CallToolRequest, ca
 	if a.Name == "" || a.Host == "" {
 		return nil, errdefs.Invalid("name and host are required")
 	}
-	r := api.EgressChangeRequest{Name: a.Name, Host: a.Host, By: "mcp client", Via: "mcp"}
-	if a.For != "" {
-		d, err := time.ParseDuration(a.For)
-		if err != nil || d <= 0 {
-			return nil, errdefs.Invalid("invalid for %q: use a duration like 30m or 2h", a.For)
-		}
-		r.For = d
+	d, err := grantFor(a.For)
+	if err != nil {
+		return nil, err
 	}
+	r := api.EgressChangeRequest{Name: a.Name, Host: a.Host, For: d, By: "mcp client", Via: "mcp"}
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
@@ -142,4 +136,16 @@ func (s *Server) egressRevoke(ctx context.Context, req mcpgo.CallToolRequest) (a
 	return s.egressChange(ctx, req, func(c *api.Client, r api.EgressChangeRequest) (api.EgressChange, error) {
 		return c.EgressRevoke(ctx, r)
 	})
+}
+
+// grantFor parses the for argument of a grant ("" is until revoked).
+func grantFor(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, errdefs.Invalid("invalid for %q: use a duration like 30m or 2h", s)
+	}
+	return d, nil
 }
