@@ -91,9 +91,10 @@ func execArgv(cmd *cobra.Command, rest []string) ([]string, error) {
 			rest = rest[dash+1:]
 		}
 	}
-	if len(rest) == 0 || rest[0] == "" {
+	if len(rest) > 0 && rest[0] == "" {
 		return nil, usageError{errors.New("exec: the command is missing: nexus exec NAME CMD [ARGS…]")}
 	}
+	// No command at all: the image's Entrypoint + Cmd, or the vmm says it has none.
 	return rest, nil
 }
 

@@ -9,7 +9,7 @@ import (
 // An unknown subcommand of a group is a usage error (exit 2), as at the top level; the group
 // alone still prints its help and succeeds.
 func TestUnknownSubcommandExits2(t *testing.T) {
-	for _, args := range [][]string{{"sandbox", "list"}, {"image", "pull"}, {"secret", "get"}, {"nope"}} {
+	for _, args := range [][]string{{"sandbox", "list"}, {"image", "frobnicate"}, {"secret", "get"}, {"nope"}} {
 		root := NewRoot()
 		root.SetArgs(args)
 		root.SetOut(&bytes.Buffer{})

@@ -3,8 +3,11 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -17,75 +20,123 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 func imageCommand() *cobra.Command {
-	img := &cobra.Command{Use: "image", Short: "Build, list and remove root images"}
+	img := &cobra.Command{Use: "image", Short: "Build, pull, import, list, inspect and remove root images"}
 	var force bool
 	build := &cobra.Command{
 		Use:   "build NAME",
 		Short: "Build a root image (nexus-base: Debian bookworm; nexus-mini: busybox)",
-		Args:  cobra.ExactArgs(1),
+		Long: "Build a built-in root image. A build is tagged with its date (nexus-base:20260807) and latest;\n" +
+			"one build of each image is kept.",
+		Example: "  nexus image build nexus-mini\n  nexus image build nexus-base --force",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, _, err := dial(cmd)
-			if err != nil {
-				return err
-			}
-			req := vmmapi.ImageRequest{Op: "build", Name: args[0], Force: force}
-			var bar *progressbar.ProgressBar
-			if !jsonOutput(cmd) {
-				interactive := false
-				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-					interactive = true
-					bar = progressbar.NewOptions(1000, progressbar.OptionSetWriter(f), progressbar.OptionSetWidth(30),
-						progressbar.OptionSetDescription("building "+args[0]), progressbar.OptionClearOnFinish(), progressbar.OptionShowElapsedTimeOnFinish())
-				}
-				lastStage, lastTenth := "", -1
-				subject := bus.StreamPrefix + "." + nuid.Next() + ".out"
-				sub, err := c.Conn().Subscribe(subject, func(m *nats.Msg) {
-					var p vmmapi.ImageProgress
-					if json.Unmarshal(m.Data, &p) != nil {
-						return
-					}
-					if interactive {
-						bar.Describe(fmt.Sprintf("%-28s", args[0]+": "+p.Step))
-						bar.Set(int(p.Fraction * 1000))
-						return
-					}
-					// Not a terminal (CI, logs): one line per stage and per tenth of the way.
-					stage, _, _ := strings.Cut(p.Step, ":")
-					if tenth := int(p.Fraction * 10); stage != lastStage || tenth != lastTenth {
-						lastStage, lastTenth = stage, tenth
-						fmt.Fprintf(cmd.ErrOrStderr(), "  %3.0f%%  %s\n", p.Fraction*100, p.Step)
-					}
-				})
-				if err == nil {
-					defer sub.Unsubscribe()
-					req.Progress = subject
-				}
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), api.ImageTimeout)
-			defer cancel()
-			var info vmmapi.ImageInfo
-			info, err = imageOp(ctx, c, req)
-			if bar != nil {
-				bar.Finish()
-			}
+			info, err := imageWithProgress(cmd, vmmapi.ImageRequest{Op: "build", Name: args[0], Force: force}, "building "+args[0])
 			if err != nil {
 				return err
 			}
 			if printedJSON(cmd, info) {
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d MiB, built %s\n", info.Name, info.SizeBytes>>20, info.Built.Local().Format("2006-01-02 15:04:05"))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d MiB, built %s\n", imageRef(info), info.SizeBytes>>20, info.Built.Local().Format("2006-01-02 15:04:05"))
 			return nil
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
+
+	var pr vmmapi.ImageRequest
+	var passwordStdin bool
+	pull := &cobra.Command{
+		Use:   "pull REF",
+		Short: "Pull an image from an OCI or Docker registry",
+		Long: "Pull an image by tag or digest (a multi-arch index gives its linux/amd64 image) and convert it\n" +
+			"into a root image. Credentials come from ~/.docker/config.json (and its credential helpers)\n" +
+			"unless --username is given. Layers are cached by digest; pulling a digest already here is\n" +
+			"instant. A re-pulled tag that moved leaves the old digest for the sandboxes that use it.",
+		Example: "  nexus image pull ghcr.io/org/img:1.2\n  nexus image pull docker.io/library/alpine@sha256:…\n" +
+			"  echo $TOKEN | nexus image pull --username me --password-stdin ghcr.io/org/private:1\n" +
+			"  nexus image pull --insecure 127.0.0.1:5000/dev/img:latest",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r := pr
+			r.Op, r.Name = "pull", args[0]
+			if passwordStdin {
+				if r.Username == "" {
+					return usageError{errors.New("--password-stdin needs --username")}
+				}
+				b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 64<<10))
+				if err != nil {
+					return err
+				}
+				r.Password = strings.TrimRight(string(b), "\r\n")
+			}
+			info, err := imageWithProgress(cmd, r, "pulling "+args[0])
+			if err != nil {
+				return err
+			}
+			return printImage(cmd, info)
+		},
+	}
+	pull.Flags().StringVar(&pr.Username, "username", "", "registry user name (with --password-stdin)")
+	pull.Flags().BoolVar(&passwordStdin, "password-stdin", false, "read the registry password or token from stdin")
+	pull.Flags().BoolVar(&pr.Insecure, "insecure", false, "talk plain HTTP to the registry (a local registry)")
+	imageLimitFlags(pull, &pr)
+
+	var ir vmmapi.ImageRequest
+	imp := &cobra.Command{
+		Use:   "import FILE|- [NAME[:TAG]]",
+		Short: "Import a docker save tarball, an OCI layout directory or an OCI archive",
+		Long: "Import an image from a file (- reads it from stdin). Without NAME, the archive's own name is\n" +
+			"used (docker save's tag). The tag defaults to latest.",
+		Example: "  docker save myimg:1 | nexus image import -\n  nexus image import ./layout myimg:dev",
+		Args:    cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r := ir
+			r.Op = "import"
+			if len(args) == 2 {
+				r.Name = args[1]
+			}
+			file := args[0]
+			if file == "-" {
+				f, err := os.CreateTemp("", "nexus-import-*.tar")
+				if err != nil {
+					return err
+				}
+				defer os.Remove(f.Name())
+				_, err = io.Copy(f, cmd.InOrStdin())
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					return fmt.Errorf("image import: reading stdin: %w", err)
+				}
+				file = f.Name()
+			}
+			abs, err := filepath.Abs(file)
+			if err != nil {
+				return err
+			}
+			if _, err := os.Stat(abs); err != nil {
+				return errdefs.Invalid("image import: %v", err)
+			}
+			r.File = abs
+			info, err := imageWithProgress(cmd, r, "importing "+filepath.Base(args[0]))
+			if err != nil {
+				return err
+			}
+			return printImage(cmd, info)
+		},
+	}
+	imageLimitFlags(imp, &ir)
+
 	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List built images",
-		Args:  cobra.NoArgs,
+		Use:     "ls",
+		Short:   "List images: name, tag, digest, size, created, source",
+		Example: "  nexus image ls\n  nexus image ls --json",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, _, err := dial(cmd)
 			if err != nil {
@@ -99,17 +150,52 @@ func imageCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tBUILT")
+			fmt.Fprintln(tw, "NAME\tTAG\tDIGEST\tSIZE\tCREATED\tSOURCE")
 			for _, i := range list {
-				fmt.Fprintf(tw, "%s\t%dMiB\t%s\n", i.Name, i.SizeBytes>>20, age(i.Built)+" ago")
+				tags := i.Tags
+				if len(tags) == 0 {
+					tags = []string{"<none>"}
+				}
+				digest := "-"
+				if i.Digest != "" {
+					digest = shortImageDigest(i.Digest)
+				}
+				created := "-"
+				if !i.Created.IsZero() {
+					created = age(i.Created) + " ago"
+				}
+				for _, t := range tags {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%s\t%s\n", i.Name, t, digest, i.SizeBytes>>20, created, i.Source)
+				}
 			}
 			return tw.Flush()
 		},
 	}
+	inspect := &cobra.Command{
+		Use:     "inspect NAME[:TAG|@DIGEST]",
+		Short:   "Show an image's record: digest, config (env, workdir, user, entrypoint, cmd), labels, users",
+		Example: "  nexus image inspect nexus-base\n  nexus image inspect ghcr.io/org/img:1.2",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := dial(cmd)
+			if err != nil {
+				return err
+			}
+			info, err := imageOp(cmd.Context(), c, vmmapi.ImageRequest{Op: "inspect", Name: args[0]})
+			if err != nil {
+				return err
+			}
+			printJSON(cmd.OutOrStdout(), info) // like docker inspect: JSON either way
+			return nil
+		},
+	}
 	rm := &cobra.Command{
-		Use:   "rm NAME",
-		Short: "Remove a built image",
-		Args:  cobra.ExactArgs(1),
+		Use:   "rm NAME[:TAG|@DIGEST]",
+		Short: "Remove an image (NAME:TAG of an image with other tags removes only the tag)",
+		Long: "Remove an image. It is refused while a sandbox's disk or a snapshot is based on it.\n" +
+			"NAME:TAG of an image that has other tags takes only that tag away.",
+		Example: "  nexus image rm nexus-agent-base\n  nexus image rm ghcr.io/org/img@sha256:…",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, _, err := dial(cmd)
 			if err != nil {
@@ -122,8 +208,106 @@ func imageCommand() *cobra.Command {
 			return nil
 		},
 	}
-	img.AddCommand(build, ls, rm)
+	img.AddCommand(build, pull, imp, ls, inspect, rm)
 	return img
+}
+
+func imageLimitFlags(cmd *cobra.Command, r *vmmapi.ImageRequest) {
+	cmd.Flags().Int64Var(&r.MaxBytes, "max-size", 0, "refuse an image that unpacks to more bytes than this (default 16 GiB)")
+	cmd.Flags().Int64Var(&r.MaxInodes, "max-inodes", 0, "refuse an image with more files than this (default 1048576)")
+}
+
+func shortImageDigest(d string) string {
+	if alg, hx, ok := strings.Cut(d, ":"); ok && len(hx) > 12 {
+		return alg + ":" + hx[:12]
+	}
+	return d
+}
+
+func imageRef(i vmmapi.ImageInfo) string {
+	if len(i.Tags) > 0 {
+		return i.Name + ":" + i.Tags[0]
+	}
+	return i.Name + "@" + i.Digest
+}
+
+func printImage(cmd *cobra.Command, info vmmapi.ImageInfo) error {
+	if printedJSON(cmd, info) {
+		return nil
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s: %s, %d MiB\n", imageRef(info), info.Digest, info.SizeBytes>>20)
+	return nil
+}
+
+// imageWithProgress runs an image operation, showing its progress: a bar on a terminal, a line
+// per step and per layer otherwise, and under --json one ImageProgress object per line on
+// stderr.
+func imageWithProgress(cmd *cobra.Command, req vmmapi.ImageRequest, what string) (vmmapi.ImageInfo, error) {
+	c, _, err := dial(cmd)
+	if err != nil {
+		return vmmapi.ImageInfo{}, err
+	}
+	var bar *progressbar.ProgressBar
+	interactive := false
+	if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) && !jsonOutput(cmd) {
+		interactive = true
+		bar = progressbar.NewOptions(1000, progressbar.OptionSetWriter(f), progressbar.OptionSetWidth(30),
+			progressbar.OptionSetDescription(what), progressbar.OptionClearOnFinish(), progressbar.OptionShowElapsedTimeOnFinish())
+	}
+	lastStage, lastTenth := "", -1
+	lastLayer := map[string]int{}
+	subject := bus.StreamPrefix + "." + nuid.Next() + ".out"
+	sub, err := c.Conn().Subscribe(subject, func(m *nats.Msg) {
+		var p vmmapi.ImageProgress
+		if json.Unmarshal(m.Data, &p) != nil {
+			return
+		}
+		if jsonOutput(cmd) {
+			b, _ := json.Marshal(p)
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s\n", b)
+			return
+		}
+		if p.Layer != "" {
+			pct := 100
+			if p.Total > 0 {
+				pct = int(p.Done * 100 / p.Total)
+			}
+			if interactive {
+				bar.Describe(fmt.Sprintf("%-28s", fmt.Sprintf("%s %d%%", p.Step, pct)))
+				return
+			}
+			if q, seen := lastLayer[p.Layer]; !seen || pct/25 != q/25 {
+				lastLayer[p.Layer] = pct
+				fmt.Fprintf(cmd.ErrOrStderr(), "  %s: %d/%d MiB\n", p.Step, p.Done>>20, p.Total>>20)
+			}
+			return
+		}
+		if interactive {
+			bar.Describe(fmt.Sprintf("%-28s", p.Step))
+			bar.Set(int(p.Fraction * 1000))
+			return
+		}
+		// Not a terminal (CI, logs): one line per stage and per tenth of the way.
+		stage, _, _ := strings.Cut(p.Step, ":")
+		if tenth := int(p.Fraction * 10); stage != lastStage || tenth != lastTenth {
+			lastStage, lastTenth = stage, tenth
+			fmt.Fprintf(cmd.ErrOrStderr(), "  %3.0f%%  %s\n", p.Fraction*100, p.Step)
+		}
+	})
+	if err == nil {
+		defer sub.Unsubscribe()
+		req.Progress = subject
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), api.ImageTimeout)
+	defer cancel()
+	info, err := imageOp(ctx, c, req)
+	if bar != nil {
+		bar.Finish()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return info, fmt.Errorf("%s: gave up after %v", what, api.ImageTimeout)
+	}
+	return info, err
 }
 
 func imageOp(ctx context.Context, c *api.Client, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {

@@ -58,6 +58,9 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"fork":              {"nosnap", "forked"},
 		"image build":       {"nexus-bogus"},
 		"image ls":          nil,
+		"image pull":        {"127.0.0.1:1/nothing/here:1"}, // loopback, nothing listens
+		"image import":      {tmp + "/missing.tar"},
+		"image inspect":     {"nexus-bogus"},
 		"image rm":          {"nexus-bogus"},
 		"logs":              {"box"},
 		"pause":             {"box"},

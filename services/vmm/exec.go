@@ -32,7 +32,7 @@ func (s *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 	}
 	execDefaults(&r, s.imageConfig(m.dir))
 	if len(r.Argv) == 0 || r.Argv[0] == "" {
-		return api.Empty{}, errdefs.Invalid("exec: no command given")
+		return api.Empty{}, errdefs.Invalid("exec: the command is missing (nexus exec NAME CMD [ARGS…]) and the image has no Entrypoint or Cmd")
 	}
 	size := 0
 	for _, a := range append(append([]string{}, r.Argv...), r.Env...) {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -76,7 +78,13 @@ func Pull(ctx context.Context, h home.Dir, cache, ref string, o PullOptions, pro
 	}
 	progress("resolve "+ref, 0.01)
 	desc, err := remote.Get(gref, ropts...)
-	if err != nil {
+	var terr *transport.Error
+	switch {
+	case errors.As(err, &terr) && terr.StatusCode == http.StatusNotFound:
+		return nil, errdefs.Invalid("image pull %s: the registry has no such image or tag", ref)
+	case errors.As(err, &terr) && (terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden):
+		return nil, errdefs.Invalid("image pull %s: not authorized: log in (docker login) or pass --username and --password-stdin", ref)
+	case err != nil:
 		return nil, fmt.Errorf("image pull %s: %s", ref, oneLine(err))
 	}
 	var img v1.Image

@@ -145,8 +145,11 @@ func TestPullTagDigestAndMovedTag(t *testing.T) {
 		}
 	}
 	_, err = image.Resolve(h, reg.Host+"/demo/app:bogus")
-	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "1.2") {
-		t.Errorf("unknown tag: %v, want invalid listing 1.2", err)
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "1.2") {
+		t.Errorf("tag not here: %v, want not found listing 1.2", err)
+	}
+	if _, err := image.Pull(ctx, h, cache, reg.Host+"/demo/app:bogus", image.PullOptions{Insecure: true}, nil); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "no such image or tag") {
+		t.Errorf("pull of a tag the registry lacks: %v", err)
 	}
 
 	// A second pull of the same digest fetches no blob.
@@ -263,6 +266,19 @@ func TestImportDockerSave(t *testing.T) {
 	if hasEntry(debugfsLs(t, info.Path, "/etc"), "obsolete") {
 		t.Error("whiteout not applied on import")
 	}
+	// The same image pulled from a registry has the same root: names, types, modes, owners, sizes.
+	reg := ocitest.NewRegistry(t)
+	reg.Push(t, "demo/app:1.2", img)
+	pulled, err := image.Pull(ctx, h, cache, reg.Host+"/demo/app:1.2", image.PullOptions{Insecure: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{"/", "/etc", "/srv/app", "/usr/bin"} {
+		if a, b := lsParseable(t, info.Path, dir), lsParseable(t, pulled.Path, dir); a != b || a == "" {
+			t.Errorf("%s differs between import and pull:\n%s\nvs\n%s", dir, a, b)
+		}
+	}
+	image.RemoveRef(h, pulled.Key)
 	// A name given on the command line wins; a truncated tarball is refused, leaving nothing.
 	if info, err := image.Import(ctx, h, cache, tarPath, "mine:dev", image.PullOptions{}, nil); err != nil || info.Name != "mine" || !slices.Contains(info.Tags, "dev") {
 		t.Fatalf("import as mine:dev: %+v, %v", info, err)
@@ -274,4 +290,23 @@ func TestImportDockerSave(t *testing.T) {
 		t.Errorf("truncated import: %v, want a one-line error", err)
 	}
 	noPartial(t, h, 1)
+}
+
+// lsParseable lists a directory of an ext4 image as mode/uid/gid/name/size, without inode numbers.
+func lsParseable(t *testing.T, img, dir string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", `ls -p "`+dir+`"`, img).Output()
+	if err != nil {
+		t.Fatalf("debugfs ls -p %s: %v", dir, err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Split(strings.Trim(l, "/"), "/")
+		if len(f) < 6 || f[4] == "lost+found" {
+			continue
+		}
+		lines = append(lines, strings.Join(f[1:], "/"))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }

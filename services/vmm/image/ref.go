@@ -187,6 +187,9 @@ func Resolve(h home.Dir, s string) (*Info, error) {
 		if len(tags) == 0 {
 			tags = []string{"none (refer to it by digest)"}
 		}
+		if r.Remote() { // the registry may have it: a pull (or create's pull on first use) says
+			return nil, errdefs.NotFound("image %s has no tag %q here (its tags here are %s): run nexus image pull %s", r.Name, cmpTag(r.Tag), strings.Join(tags, ", "), s)
+		}
 		return nil, errdefs.Invalid("image %s has no tag %q: its tags are %s", r.Name, cmpTag(r.Tag), strings.Join(tags, ", "))
 	}
 	if !r.Remote() {
