@@ -87,6 +87,7 @@ runs=(
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"
 	"./services/vmm/guest . 1s"
+	"./services/vmm/image PullConvert 3x"
 	"./pkg/audit AuditFlood 1x"
 	"./services/gitrelay RelayClone 5x"
 	"./e2e/gitrelay Clone50MB 1x"
