@@ -1,6 +1,7 @@
 package vmm_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,6 +73,27 @@ func TestDiskSizeAndGuestMemory(t *testing.T) {
 	if st.GuestMemUsedBytes <= 0 || st.GuestMemUsedBytes >= 256<<20 {
 		t.Errorf("stats guest memory used %d of a 256 MiB guest", st.GuestMemUsedBytes)
 	}
+	// -f --json keeps sampling: one JSON array per line, every 2 s, until interrupted.
+	follow := stack.Command("stats", "disk/box", "-f", "--json")
+	pipe, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(pipe)
+	for i := range 2 {
+		if !sc.Scan() {
+			t.Fatalf("stats -f --json ended after %d samples: %v", i, sc.Err())
+		}
+		var sample []api.SandboxStats
+		if err := json.Unmarshal(sc.Bytes(), &sample); err != nil || len(sample) != 1 || sample[0].Name != "disk/box" || sample[0].DiskSizeBytes != 3<<30 {
+			t.Fatalf("stats -f --json sample %d: %v: %s", i, err, sc.Bytes())
+		}
+	}
+	follow.Process.Kill()
+	follow.Wait()
 	if out := stack.MustNexus(t, "stats", "disk/box"); !strings.Contains(out, "GUEST USED/LIMIT/HOST RSS") || !strings.Contains(out, "/ 3.0GiB") {
 		t.Errorf("stats table:\n%s", out)
 	}
