@@ -256,8 +256,6 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		return nil, errdefs.Invalid("--vcpus %d is out of range 1-%d", sb.VCPUs, MaxVCPUs)
 	}
 	switch {
-	case sb.DiskMiB == 0:
-		sb.DiskMiB = api.DefaultDiskMiB
 	case sb.DiskMiB < 0 || sb.DiskMiB > api.MaxDiskMiB:
 		return nil, errdefs.Invalid("--disk %d MiB is out of range: at most %d MiB (%d TiB)", sb.DiskMiB, api.MaxDiskMiB, api.MaxDiskMiB>>20)
 	}

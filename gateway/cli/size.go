@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bytesize"
 )
@@ -69,5 +68,5 @@ func memoryFlag(f *pflag.FlagSet, p *int) {
 
 // diskFlag declares --disk on f, into p (MiB).
 func diskFlag(f *pflag.FlagSet, p *int) {
-	f.Var(mibValue{p}, "disk", fmt.Sprintf("root disk: a size such as 20g, or plain MiB; sparse, checked against the host's free space (default %dg)", api.DefaultDiskMiB>>10))
+	f.Var(mibValue{p}, "disk", "root disk: a size such as 20g, or plain MiB, at least the image's; sparse, checked against the host's free space (default: the image's own size)")
 }

@@ -15,7 +15,7 @@ type CreateRequest struct {
 	MemoryMiB  int               `json:"memory_mib,omitempty"`
 	VCPUs      int               `json:"vcpus,omitempty"`
 	CPUs       float64           `json:"cpus,omitempty"`     // host CPU quota in CPUs (fractional); 0: vcpus
-	DiskMiB    int               `json:"disk_mib,omitempty"` // root disk size; 0: DefaultDiskMiB
+	DiskMiB    int               `json:"disk_mib,omitempty"` // root disk size; 0: the image's
 	Agent      string            `json:"agent,omitempty"`
 	EgressMode string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	// EgressAsk makes hosts off the list pending requests a person may approve (--egress-ask).

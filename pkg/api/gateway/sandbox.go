@@ -120,11 +120,10 @@ type Volume struct {
 	SizeMiB int `json:"size_mib,omitempty"`
 }
 
-// DefaultDiskMiB is the root disk of a sandbox created without --disk (sparse: the host holds
-// only what the guest writes); MaxDiskMiB the largest one asked for.
+// MaxDiskMiB is the largest root disk (--disk) asked for; without --disk the disk is the
+// image's own size, and the guest's file system is not grown.
 const (
-	DefaultDiskMiB = 8 << 10
-	MaxDiskMiB     = 4 << 20
+	MaxDiskMiB = 4 << 20
 	// DefaultVolumeMiB is a named volume's size without size= (sparse too).
 	DefaultVolumeMiB = 8 << 10
 )
