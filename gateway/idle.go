@@ -102,7 +102,11 @@ func (g *Service) sweepIdle(ctx context.Context, now time.Time) {
 	if err != nil {
 		return
 	}
-	ports := g.portActivity(ctx, records)
+	var watched []*api.Sandbox
+	for _, sb := range records {
+		watched = append(watched, sb)
+	}
+	ports := g.portActivity(ctx, watched)
 	for _, st := range stats {
 		if st.State != api.StateRunning {
 			continue
@@ -142,19 +146,12 @@ type portUse struct {
 
 // portActivity asks the port forwarder of each host the sandboxes are on what their forwards
 // relay, by sandbox id; a host that does not answer within statsWait counts as no activity.
-func (g *Service) portActivity(ctx context.Context, sandboxes map[string]*api.Sandbox) map[string]portUse {
+func (g *Service) portActivity(ctx context.Context, sandboxes []*api.Sandbox) map[string]portUse {
 	out := map[string]portUse{}
-	asked := map[string]bool{}
-	for _, sb := range sandboxes {
-		if asked[sb.Host] {
-			continue
-		}
-		asked[sb.Host] = true
-		lctx, cancel := context.WithTimeout(ctx, statsWait)
-		fwds, err := portfwdapi.NewClient(g.cfg.Bus, sb.Host).List(lctx, portfwdapi.ListRequest{})
-		cancel()
+	eachHost(ctx, sandboxes, func(ctx context.Context, host string) {
+		fwds, err := portfwdapi.NewClient(g.cfg.Bus, host).List(ctx, portfwdapi.ListRequest{})
 		if err != nil {
-			continue
+			return
 		}
 		for _, f := range fwds {
 			u := out[f.ID]
@@ -162,7 +159,7 @@ func (g *Service) portActivity(ctx context.Context, sandboxes map[string]*api.Sa
 			u.accepted += f.Accepted
 			out[f.ID] = u
 		}
-	}
+	})
 	return out
 }
 

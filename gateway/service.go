@@ -450,24 +450,31 @@ func hostname(name string) string {
 	return n
 }
 
-// vmInfos asks the vmm of each host the sandboxes are on for what it runs, by sandbox id; a
-// host that does not answer within statsWait is left out.
-func (g *Service) vmInfos(ctx context.Context, sandboxes []*api.Sandbox) map[string]vmmapi.VMInfo {
-	vms := map[string]vmmapi.VMInfo{}
+// eachHost calls ask once for each host the sandboxes are on, with a deadline of statsWait.
+func eachHost(ctx context.Context, sandboxes []*api.Sandbox, ask func(ctx context.Context, host string)) {
 	asked := map[string]bool{}
 	for _, sb := range sandboxes {
 		if asked[sb.Host] {
 			continue
 		}
 		asked[sb.Host] = true
-		lctx, cancel := context.WithTimeout(ctx, statsWait)
-		if list, err := g.vmm(sb.Host).List(lctx); err == nil {
+		hctx, cancel := context.WithTimeout(ctx, statsWait)
+		ask(hctx, sb.Host)
+		cancel()
+	}
+}
+
+// vmInfos asks the vmm of each host the sandboxes are on for what it runs, by sandbox id; a
+// host that does not answer within statsWait is left out.
+func (g *Service) vmInfos(ctx context.Context, sandboxes []*api.Sandbox) map[string]vmmapi.VMInfo {
+	vms := map[string]vmmapi.VMInfo{}
+	eachHost(ctx, sandboxes, func(ctx context.Context, host string) {
+		if list, err := g.vmm(host).List(ctx); err == nil {
 			for _, vi := range list {
 				vms[vi.ID] = vi
 			}
 		}
-		cancel()
-	}
+	})
 	return vms
 }
 
