@@ -108,7 +108,7 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 	}
 	if len(r.Repos) > 0 {
 		allow = append(allow, GitHubHosts...)
-		if secretExists(GitHubSecret) {
+		if secretExists(GitHubSecret) && !r.NoStoredSecrets {
 			hosts, _ := stored.allowedHosts(bindDefault, "--repo", GitHubSecret, []string{"api.github.com", "uploads.github.com", "github.com"})
 			if len(hosts) > 0 {
 				p.secrets = append(p.secrets, api.SecretBinding{Name: GitHubSecret, Hosts: hosts, Kind: credapi.KindGitHub})
@@ -158,7 +158,7 @@ func planEgress(r api.CreateRequest, prof profile.Profile, now time.Time, stored
 		}
 	}
 	for _, s := range prof.Secrets {
-		if secretExists(s.Name) {
+		if secretExists(s.Name) && !r.NoStoredSecrets {
 			allow = append(allow, s.Hosts...)
 			if hosts, _ := stored.allowedHosts(bindDefault, "agent "+prof.Name, s.Name, s.Hosts); len(hosts) > 0 {
 				p.secrets = append(p.secrets, api.SecretBinding{Name: s.Name, Hosts: hosts, Kind: s.Kind, Env: s.Env})

@@ -47,6 +47,27 @@ func TestPlanEgress(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a create kept from stored secrets binds none by default", func(t *testing.T) {
+		codex, err := profile.Get("codex")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := secrets("GH_TOKEN", "OPENAI_API_KEY")
+		p, err := planEgress(api.CreateRequest{Repos: []string{"owner/repo"}}, codex, now, stored)
+		if err != nil || len(p.secrets) != 2 {
+			t.Fatalf("without the limit, --repo and codex bind GH_TOKEN and OPENAI_API_KEY: %v %+v", err, p)
+		}
+		p, err = planEgress(api.CreateRequest{Repos: []string{"owner/repo"}, NoStoredSecrets: true}, codex, now, stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.secrets) != 0 {
+			t.Fatalf("NoStoredSecrets still bound %+v", p.secrets)
+		}
+		if h := strings.Join(p.hosts, " "); !strings.Contains(h, "api.github.com") || !strings.Contains(h, "api.openai.com") {
+			t.Errorf("the hosts stay allowed, without credentials: %s", h)
+		}
+	})
 	t.Run("allow-all expires and seeds nothing", func(t *testing.T) {
 		p, err := planEgress(api.CreateRequest{EgressMode: "allow-all=90m", Secrets: []string{"X@a.example"}, UserSecrets: true}, claude, now, secrets("X"))
 		if err != nil {

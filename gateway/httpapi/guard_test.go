@@ -222,6 +222,13 @@ func TestScopes(t *testing.T) {
 	if len(f.gw.creates) != 2 {
 		t.Errorf("the gateway saw %d creates, want the 2 allowed", len(f.gw.creates))
 	}
+	// A write token's create may not reach the host's stored secrets (codex's OPENAI_API_KEY,
+	// --repo's GH_TOKEN); an admin's may.
+	for _, c := range f.gw.creates {
+		if admin := len(c.Mounts) > 0; c.NoStoredSecrets == admin {
+			t.Errorf("create %+v by admin=%v: no_stored_secrets=%v", c, admin, c.NoStoredSecrets)
+		}
+	}
 }
 
 // Every route of the document is served: none falls through to "no route".
@@ -389,6 +396,17 @@ func TestMCPOverHTTP(t *testing.T) {
 	if res := callTool(write, mcp.ToolSandboxCreate, map[string]any{"name": "m", "agent": "claude-code"}); !res.IsError || !strings.Contains(text(res), "needs scope admin") {
 		t.Fatalf("sandbox_create of claude-code with a write token: %v %s", res.IsError, text(res))
 	}
+	f.gw.mu.Lock()
+	before := len(f.gw.creates)
+	f.gw.mu.Unlock()
+	if res := callTool(write, mcp.ToolSandboxCreate, map[string]any{"name": "m", "agent": "codex", "repos": []string{"o/r"}}); res.IsError {
+		t.Fatalf("sandbox_create of codex with a write token: %s", text(res))
+	}
+	f.gw.mu.Lock()
+	if len(f.gw.creates) != before+1 || !f.gw.creates[before].NoStoredSecrets {
+		t.Errorf("a write token's MCP create reached the gateway without no_stored_secrets: %+v", f.gw.creates[before:])
+	}
+	f.gw.mu.Unlock()
 	if res := callTool(write, mcp.ToolWorktreeCreate, map[string]any{"repo_path": "/"}); !res.IsError || !strings.Contains(text(res), "needs scope admin") {
 		t.Fatalf("delegation with a write token: %v %s", res.IsError, text(res))
 	}

@@ -188,6 +188,15 @@ func createAdminReason(req *api.CreateRequest) string {
 	return ""
 }
 
+// limitCreate keeps a create by a caller below admin away from the host's stored secrets: none
+// is bound by default (--repo's GH_TOKEN, the agent profile's); binding one by name already
+// needs admin (createAdminReason).
+func limitCreate(ctx context.Context, r *api.CreateRequest) {
+	if tok, ok := callerOf(ctx); !ok || !tok.Scope.Allows(ScopeAdmin) {
+		r.NoStoredSecrets = true
+	}
+}
+
 func createSandbox(s *Service, w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateRequest
 	if err := decode(w, r, &req); err != nil {
@@ -197,6 +206,7 @@ func createSandbox(s *Service, w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Invalid("name is required")
 	}
 	req.Progress = "" // a bus subject: never the caller's to choose
+	limitCreate(r.Context(), &req)
 	if why := createAdminReason(&req); why != "" {
 		if err := need(r, ScopeAdmin, "sandbox create with "+why); err != nil {
 			return err

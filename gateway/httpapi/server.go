@@ -103,7 +103,7 @@ func New(cfg Config) (*Service, error) {
 	if s.reqlog, err = openRequestLog(filepath.Join(string(cfg.Home), "api", RequestLogName)); err != nil {
 		return nil, err
 	}
-	if s.mcp, err = mcp.New(mcp.Config{Dial: cfg.Dial, Log: cfg.Log, Version: cfg.Version, Authorize: authorizeTool}); err != nil {
+	if s.mcp, err = mcp.New(mcp.Config{Dial: cfg.Dial, Log: cfg.Log, Version: cfg.Version, Authorize: authorizeTool, AdjustCreate: limitCreate}); err != nil {
 		return nil, err
 	}
 	s.handler = s.routes()

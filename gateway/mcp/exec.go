@@ -262,8 +262,8 @@ func (s *Server) sandboxRun(ctx context.Context, req mcpgo.CallToolRequest) (res
 		}
 	}()
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
-	_, err = c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Labels: map[string]string{runLabel: nonce}})
+	_, err = c.Create(cctx, s.adjustCreate(ctx, api.CreateRequest{Name: name, Image: a.Image, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
+		Labels: map[string]string{runLabel: nonce}}))
 	cancel()
 	if err != nil {
 		return nil, err

@@ -105,9 +105,9 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	}
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
-	sb, err := c.Create(cctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
+	sb, err := c.Create(cctx, s.adjustCreate(ctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
 		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout, NoStart: !a.Start,
-		DiskMiB: diskMiB, Limits: limits})
+		DiskMiB: diskMiB, Limits: limits}))
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

@@ -38,6 +38,9 @@ type Config struct {
 	// Authorize, when set, is asked before every tool call (the HTTP API checks the caller's
 	// token scope); its error is the tool's error.
 	Authorize func(ctx context.Context, tool string, req mcpgo.CallToolRequest) error
+	// AdjustCreate, when set, may change every create a tool sends (the HTTP API sets
+	// NoStoredSecrets for a caller below admin).
+	AdjustCreate func(ctx context.Context, r *api.CreateRequest)
 	// ValidateOutput checks each structured result against its tool's outputSchema (a result
 	// that does not match becomes a tool error); tests set it.
 	ValidateOutput bool
@@ -217,4 +220,12 @@ type zerologWriter struct{ log zerolog.Logger }
 func (w zerologWriter) Write(p []byte) (int, error) {
 	w.log.Warn().Str("component", "mcp-stdio").Msg(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// adjustCreate is r as Config.AdjustCreate leaves it.
+func (s *Server) adjustCreate(ctx context.Context, r api.CreateRequest) api.CreateRequest {
+	if s.cfg.AdjustCreate != nil {
+		s.cfg.AdjustCreate(ctx, &r)
+	}
+	return r
 }

@@ -49,6 +49,10 @@ type CreateRequest struct {
 	// may bind a secret stored without hosts. Any other creator (the MCP server) leaves it unset
 	// and binds only within the hosts stored with each secret.
 	UserSecrets bool `json:"user_secrets,omitempty"`
+	// NoStoredSecrets binds no stored secret by default: not --repo's GH_TOKEN, not the agent
+	// profile's (codex's OPENAI_API_KEY). The HTTP API sets it for a caller below admin, whose
+	// creates may not reach the host's secrets.
+	NoStoredSecrets bool `json:"no_stored_secrets,omitempty"`
 }
 
 // ListRequest selects sandboxes; stopped and failed ones only with All.
