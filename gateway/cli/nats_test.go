@@ -2,36 +2,59 @@ package cli
 
 import (
 	"bytes"
-	"io"
+	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/IniZio/nexus/internal/testutil"
 )
 
-// runNexusStdout runs nexus with args and returns its exit code and what it wrote to the
-// process's stdout (the NATS CLI writes there, not to the command's writer).
+// runNexusStdout runs nexus with args in a child process (the test binary, see
+// TestNatsChild) and returns its exit code and what it wrote to stdout. The NATS CLI keeps its
+// options in package variables that its connections' callbacks read, so two runs in one
+// process race; `nexus nats` runs once per process, and so does each run here.
 func runNexusStdout(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	r, w, err := os.Pipe()
+	enc, err := json.Marshal(args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	saved := os.Stdout
-	os.Stdout = w
-	done := make(chan string)
-	go func() {
-		b, _ := io.ReadAll(r)
-		done <- string(b)
-	}()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNatsChild$")
+	cmd.Env = append(os.Environ(), natsChildArgs+"="+string(enc))
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = os.Stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return exit.ExitCode(), out.String()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return 0, out.String()
+}
+
+// natsChildArgs carries a child's nexus arguments (JSON) to TestNatsChild.
+const natsChildArgs = "NEXUS_TEST_NATS_CHILD_ARGS"
+
+// TestNatsChild is the child process of runNexusStdout: it runs nexus once and exits with its
+// status. Without the variable it does nothing.
+func TestNatsChild(t *testing.T) {
+	enc := os.Getenv(natsChildArgs)
+	if enc == "" {
+		return
+	}
+	var args []string
+	if err := json.Unmarshal([]byte(enc), &args); err != nil {
+		t.Fatal(err)
+	}
 	root := NewRoot()
 	root.SetArgs(args)
-	root.SetOut(w)
-	code := Execute(root)
-	os.Stdout = saved
-	w.Close()
-	return code, <-done
+	os.Exit(Execute(root))
 }
 
 // TestNatsPassthrough: `nexus nats …` is the NATS CLI against this home's bus (its URL file,
@@ -54,12 +77,8 @@ func TestNatsPassthrough(t *testing.T) {
 	if code, _ := runNexusStdout(t, "nats", "no-such-command"); code != 2 {
 		t.Errorf("nexus nats no-such-command: exit %d, want 2", code)
 	}
-	root := NewRoot()
-	var help bytes.Buffer
-	root.SetOut(&help)
-	root.SetArgs([]string{"nats", "--help"})
-	if code := Execute(root); code != 0 || !strings.Contains(help.String(), "stream get") {
-		t.Errorf("nexus nats --help: exit %d\n%s", code, help.String())
+	if code, help := runNexusStdout(t, "nats", "--help"); code != 0 || !strings.Contains(help, "stream get") {
+		t.Errorf("nexus nats --help: exit %d\n%s", code, help)
 	}
 	t.Setenv("NEXUS_HOME", t.TempDir())
 	if code, _ := runNexusStdout(t, "nats", "micro", "ls"); code != 1 {
