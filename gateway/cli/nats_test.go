@@ -25,6 +25,7 @@ func runNexusStdout(t *testing.T, args ...string) (int, string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestNatsChild$")
 	cmd.Env = append(os.Environ(), natsChildArgs+"="+string(enc))
 	var out bytes.Buffer
+	cmd.Stdin = os.Stdin // as the caller left it (a test may have swapped it)
 	cmd.Stdout = &out
 	cmd.Stderr = os.Stderr
 	err = cmd.Run()
