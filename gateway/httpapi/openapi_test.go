@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -77,6 +78,7 @@ func param(in, name, typ, desc string) map[string]any {
 func generate() ([]byte, error) {
 	errResp := map[string]any{"description": "error", "content": map[string]any{"application/json": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/Error"}}}}
 	paths := map[string]map[string]any{}
+	sc := newSchemas()
 	for _, rt := range Routes {
 		key := rt.Method + " " + rt.Path
 		var params []any
@@ -90,12 +92,21 @@ func generate() ([]byte, error) {
 		for _, q := range queryParams[key] {
 			params = append(params, param("query", q[0], q[1], q[2]))
 		}
+		wt := wires[key]
+		ok := map[string]any{"description": "ok"}
+		if wt.resp != nil {
+			ok["content"] = map[string]any{"application/json": map[string]any{"schema": sc.of(wt.resp)}}
+		}
+		status := "200"
+		if wt.status != 0 {
+			status = strconv.Itoa(wt.status)
+		}
 		op := map[string]any{
 			"summary":       rt.Summary,
 			"operationId":   operationID(rt),
 			"x-nexus-scope": string(rt.Scope),
 			"responses": map[string]any{
-				"200": map[string]any{"description": "ok"}, "400": errResp, "401": errResp, "403": errResp,
+				status: ok, "400": errResp, "401": errResp, "403": errResp,
 				"404": errResp, "409": errResp, "500": errResp, "503": errResp,
 			},
 		}
@@ -103,13 +114,25 @@ func generate() ([]byte, error) {
 			op["parameters"] = params
 		}
 		if b, ok := bodies[key]; ok {
-			op["requestBody"] = map[string]any{"description": b[1], "content": map[string]any{b[0]: map[string]any{"schema": map[string]any{}}}}
+			body := map[string]any{}
+			switch {
+			case wt.req != nil:
+				body = sc.of(wt.req)
+			case b[0] != "application/json":
+				body = map[string]any{"type": "string", "format": "binary"}
+			}
+			op["requestBody"] = map[string]any{"description": b[1], "required": true, "content": map[string]any{b[0]: map[string]any{"schema": body}}}
 		}
 		if paths[rt.Path] == nil {
 			paths[rt.Path] = map[string]any{}
 		}
 		paths[rt.Path][strings.ToLower(rt.Method)] = op
 	}
+	sc.defs["Error"] = map[string]any{"type": "object", "properties": map[string]any{"error": map[string]any{
+		"type": "object", "properties": map[string]any{
+			"code":    map[string]any{"type": "string", "enum": []string{"invalid", "not_found", "conflict", "refused", "unavailable", "internal"}},
+			"message": map[string]any{"type": "string"},
+		}}}}
 	doc := map[string]any{
 		"openapi": "3.0.3",
 		"info": map[string]any{"title": "nexus API", "version": "1",
@@ -118,11 +141,7 @@ func generate() ([]byte, error) {
 		"paths":    paths,
 		"components": map[string]any{
 			"securitySchemes": map[string]any{"bearer": map[string]any{"type": "http", "scheme": "bearer"}},
-			"schemas": map[string]any{"Error": map[string]any{"type": "object", "properties": map[string]any{"error": map[string]any{
-				"type": "object", "properties": map[string]any{
-					"code":    map[string]any{"type": "string", "enum": []string{"invalid", "not_found", "conflict", "refused", "unavailable", "internal"}},
-					"message": map[string]any{"type": "string"},
-				}}}}},
+			"schemas":         sc.defs,
 		},
 	}
 	var buf bytes.Buffer
@@ -192,9 +211,20 @@ func TestOpenAPI(t *testing.T) {
 			t.Errorf("queryParams names %s, which is no route", k)
 		}
 	}
-	for k := range bodies {
+	for k, b := range bodies {
 		if _, ok := inTable[k]; !ok {
 			t.Errorf("bodies names %s, which is no route", k)
+		}
+		if b[0] == "application/json" && wires[k].req == nil {
+			t.Errorf("%s takes a JSON body but wires gives no request type for its schema", k)
+		}
+	}
+	for k, w := range wires {
+		if _, ok := inTable[k]; !ok {
+			t.Errorf("wires names %s, which is no route", k)
+		}
+		if _, ok := bodies[k]; w.req != nil && !ok {
+			t.Errorf("wires gives %s a request type but bodies does not describe it", k)
 		}
 	}
 }
