@@ -82,8 +82,14 @@ func planFromRecord(sb *api.Sandbox) (*egressPlan, error) {
 
 // netPolicy is the netstack's policy of the plan.
 func (p *egressPlan) netPolicy() netapi.Policy {
-	return netapi.Policy{Mode: p.egress.Mode, AllowAllUntil: p.egress.AllowAllUntil, Allow: p.rules, Repos: p.egress.Repos,
+	pol := netapi.Policy{Mode: p.egress.Mode, AllowAllUntil: p.egress.AllowAllUntil, Allow: p.rules, Repos: p.egress.Repos,
 		AllowPrivate: p.egress.AllowPrivate, Deny: p.deny, Ask: p.egress.Ask && p.egress.Mode == api.EgressCurated}
+	if pol.Ask {
+		for _, r := range p.egress.Requests {
+			pol.Pending = append(pol.Pending, netapi.PendingKey(r.Host, r.Port))
+		}
+	}
+	return pol
 }
 
 // planEgress turns the create flags and the agent profile into an egress plan.

@@ -102,6 +102,11 @@ func (g *Service) recordRequest(ctx context.Context, r netapi.EgressRequest) err
 			continue
 		}
 		if err == nil && fresh != nil {
+			// The netstack learns it is pending: a held query or connection whose request is
+			// then rejected is refused at once.
+			if _, perr := g.pushEgress(ctx, &next); perr != nil {
+				g.log.Warn().Err(perr).Str("sandbox", sb.Name).Msg("pending egress request not pushed")
+			}
 			g.emitAudit(audit.Event{Sandbox: sb.ID, Name: sb.Name, Layer: audit.LayerPolicy, Host: host, Port: r.Port, Decision: audit.Deny,
 				Rule: RuleEgressRequest, By: "the guest", Reason: "pending request " + fresh.ID + ": nexus egress approve " + fresh.ID + " or reject " + fresh.ID})
 		}

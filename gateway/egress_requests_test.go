@@ -97,11 +97,21 @@ func TestAskRequests(t *testing.T) {
 		}
 		return nil
 	})
+	// The netstack knows what is pending, so that a held connection ends at once on a reject.
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if p := perim.netPolicy(asker.ID).Pending; !slices.Equal(p, []string{"other.example.com"}) {
+			return fmt.Errorf("netstack's pending %q", p)
+		}
+		return nil
+	})
 	if _, err := g.egressReject(ctx, api.EgressAnswerRequest{ID: pending[0].ID, By: "carol"}); err != nil {
 		t.Fatal(err)
 	}
 	if pending, _ = g.egressRequests(ctx, api.Empty{}); len(pending) != 0 {
 		t.Fatalf("still pending after reject: %+v", pending)
+	}
+	if p := perim.netPolicy(asker.ID).Pending; len(p) != 0 {
+		t.Fatalf("netstack's pending after reject %q", p)
 	}
 	testutil.WaitFor(t, 5*time.Second, func() error {
 		for _, rule := range []string{RuleEgressRequest, RuleEgressApprove, RuleEgressReject} {

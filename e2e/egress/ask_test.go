@@ -31,40 +31,78 @@ func TestAskMode(t *testing.T) {
 		return api.EgressRequest{}, fmt.Errorf("no pending request for %s in %+v", host, list)
 	}
 
-	// The guest keeps asking (as a resolver retries); a person approves meanwhile.
+	// A guest script run in the background, and its end.
 	type result struct {
 		out  string
 		code int
 	}
-	done := make(chan result, 1)
-	go func() {
-		out, _, code := sh(t, box, `for i in 1 2 3 4 5 6 7 8; do ip=$(nslookup example.test 2>/dev/null | awk '/^Address: 198\.18\./{print $2}'); `+
-			`[ -n "$ip" ] && break; done; [ -n "$ip" ] || exit 3; printf 'GET /ask-approved HTTP/1.0\r\nHost: example.test\r\n\r\n' | nc -w 5 $ip 7000`)
-		done <- result{out, code}
-	}()
-	var req api.EgressRequest
-	if err := testutil.Poll(30*time.Second, func() (err error) { req, err = pending(plainHost); return err }); err != nil {
-		t.Fatal(err)
+	background := func(script string) chan result {
+		done := make(chan result, 1)
+		go func() {
+			out, _, code := sh(t, box, script)
+			done <- result{out, code}
+		}()
+		return done
 	}
+	wait := func(done chan result) (res result) {
+		t.Helper()
+		testutil.WaitFor(t, 90*time.Second, func() error {
+			select {
+			case res = <-done:
+				return nil
+			default:
+				return fmt.Errorf("the guest's script has not finished")
+			}
+		})
+		return res
+	}
+	request := func(host string, port int) (req api.EgressRequest) {
+		t.Helper()
+		if err := testutil.Poll(30*time.Second, func() (err error) {
+			if req, err = pending(host); err == nil && req.Port != port {
+				err = fmt.Errorf("pending request %+v is not for port %d", req, port)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+
+	// The guest keeps asking (as a resolver retries); a person approves meanwhile.
+	done := background(`for i in 1 2 3 4 5 6 7 8; do ip=$(nslookup example.test 2>/dev/null | awk '/^Address: 198\.18\./{print $2}'); ` +
+		`[ -n "$ip" ] && break; done; [ -n "$ip" ] || exit 3; printf 'GET /ask-approved HTTP/1.0\r\nHost: example.test\r\n\r\n' | nc -w 5 $ip 7000`)
+	req := request(plainHost, 0)
 	out := stack.MustNexus(t, "egress", "approve", req.ID, "--port", "7000", "--for", "10m")
 	if !strings.Contains(out, "+ example.test:7000") {
 		t.Fatalf("egress approve printed %q", out)
 	}
-	var res result
-	testutil.WaitFor(t, 90*time.Second, func() error {
-		select {
-		case res = <-done:
-			return nil
-		default:
-			return fmt.Errorf("the guest's lookup has not finished")
-		}
-	})
-	if res.code != 0 || !strings.Contains(res.out, "hello from fake example.test") || len(upstreams[plainHost].find("/ask-approved")) != 1 {
+	if res := wait(done); res.code != 0 || !strings.Contains(res.out, "hello from fake example.test") || len(upstreams[plainHost].find("/ask-approved")) != 1 {
 		t.Fatalf("after approve: exit %d %q", res.code, res.out)
 	}
 	if _, err := pending(plainHost); err == nil {
 		t.Error("the approved request is still pending")
 	}
+
+	// A connection to a port not allowed is held (its handshake unanswered): approved, it
+	// proceeds; rejected, it is refused at once, audited ask_rejected.
+	connect := func(port int, path string) chan result {
+		return background(`ip=$(nslookup example.test 2>/dev/null | awk '/^Address: 198\.18\./{print $2}'); [ -n "$ip" ] || exit 3; ` +
+			fmt.Sprintf(`printf 'GET %s HTTP/1.0\r\nHost: example.test\r\n\r\n' | nc -w 60 $ip %d`, path, port))
+	}
+	done = connect(7001, "/ask-held-tcp")
+	stack.MustNexus(t, "egress", "approve", request(plainHost, 7001).ID, "--for", "10m")
+	if res := wait(done); res.code != 0 || !strings.Contains(res.out, "hello from fake example.test") || len(upstreams[plainHost].find("/ask-held-tcp")) != 1 {
+		t.Fatalf("a held connection after approve: exit %d %q", res.code, res.out)
+	}
+	done = connect(7002, "/ask-rejected-tcp")
+	stack.MustNexus(t, "egress", "reject", request(plainHost, 7002).ID)
+	if res := wait(done); res.code == 0 || len(upstreams[plainHost].find("/ask-rejected-tcp")) != 0 {
+		t.Fatalf("a held connection after reject: exit %d %q", res.code, res.out)
+	}
+	waitEvent(t, box, true, "ask_rejected", func(e audit.Event) bool {
+		return e.Layer == audit.LayerL4 && e.Host == plainHost && e.Port == 7002 && e.Rule == "ask_rejected"
+	})
 
 	// Rejected (or unanswered): the held lookup fails and nothing reaches the host.
 	before := upstreams["evil.example"].count()

@@ -81,14 +81,19 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		ev.Rule, ev.Reason = policy.RuleDenied, "name is denied ("+d+", nexus egress deny)"
 		reply(dns.RcodeNameError)
 		return
-	} else if pol.Ask && n.holdForApproval(name, 0) {
-		_, allow = n.policy() // approved while held
-		r, _ := allow.MatchName(name)
-		ev.Decision, ev.Rule = audit.Allow, r.String()
 	} else if pol.Ask {
-		ev.Rule, ev.Reason = RuleAskTimeout, "name is not on the allowlist; held for approval, none came in time"
-		reply(dns.RcodeServerFailure)
-		return
+		out := n.holdForApproval(&n.held.dns, MaxHeld, name, 0, AskHold, func() bool {
+			_, allow = n.policy()
+			_, ok := allow.MatchName(name)
+			return ok
+		})
+		if out != askApproved {
+			ev.Rule, ev.Reason = out.rule(), "name is not on the allowlist; "+out.reason()
+			reply(dns.RcodeServerFailure)
+			return
+		}
+		r, _ := allow.MatchName(name) // approved while held
+		ev.Decision, ev.Rule = audit.Allow, r.String()
 	} else {
 		ev.Reason = "name is not on the allowlist"
 		reply(dns.RcodeNameError)

@@ -23,6 +23,7 @@ type verdict struct {
 	ev     audit.Event
 	target string // dial address (host:port) when allowed
 	shim   bool   // curated 443/80: SNI→CONNECT shim
+	ask    bool   // refused only for want of a rule: an ask-mode network holds it (ask.go)
 }
 
 func (v verdict) allowed() bool { return v.ev.Decision == audit.Allow }
@@ -87,6 +88,7 @@ func (n *network) judgeTCP(dst netip.Addr, port int, names []string) verdict {
 			return v
 		}
 	}
+	v.ask = pol.Ask
 	if len(names) == 0 {
 		v.ev.Reason = "ip was not resolved from an allowed name"
 	} else {

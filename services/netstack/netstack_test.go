@@ -233,6 +233,12 @@ func shortSocket(t testing.TB) string {
 // standard upstreams'.
 func newEnv(t testing.TB, pol netstackapi.Policy, extra ...map[string]string) *env {
 	t.Helper()
+	return newEnvConfig(t, pol, nil, extra...)
+}
+
+// newEnvConfig is newEnv with the manager's config changed by tune first.
+func newEnvConfig(t testing.TB, pol netstackapi.Policy, tune func(*netstack.ManagerConfig), extra ...map[string]string) *env {
+	t.Helper()
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("NEXUS_HOME", t.TempDir())
 	e := &env{log: &eventLog{}, up: startUpstreams(t), sock: shortSocket(t), requests: make(chan netstackapi.EgressRequest, 16)}
@@ -241,7 +247,7 @@ func newEnv(t testing.TB, pol netstackapi.Policy, extra ...map[string]string) *e
 			e.up.override[k] = v
 		}
 	}
-	svc, err := netstack.NewManager(netstack.ManagerConfig{
+	cfg := netstack.ManagerConfig{
 		Logger: zerolog.Nop(),
 		Audit:  e.log,
 		OnRequest: func(r netstackapi.EgressRequest) {
@@ -255,7 +261,11 @@ func newEnv(t testing.TB, pol netstackapi.Policy, extra ...map[string]string) *e
 		ResolverOverrides: e.up.override,
 		DialTimeout:       2 * time.Second,
 		PeekTimeout:       2 * time.Second,
-	})
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	svc, err := netstack.NewManager(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,9 +65,10 @@ type network struct {
 	dnsSrv []*dns.Server
 	dhcp   *dhcp.Server
 
-	held     askHeld    // DNS queries held for approval (ask.go)
-	conns    *conntrack // forwarded flows, judged again when the policy changes
-	budget   *budget    // egress limits
+	held     askHeld               // DNS queries and connections held for approval (ask.go)
+	holds    map[*askWait]struct{} // the holds, woken by setPolicy (guarded by polMu)
+	conns    *conntrack            // forwarded flows, judged again when the policy changes
+	budget   *budget               // egress limits
 	expiryMu sync.Mutex
 	expiry   *time.Timer // sweeps conns when allow-all ends
 
@@ -89,6 +90,7 @@ func newNetwork(s *Manager, spec Spec, pol Policy, allow *policy.Allowlist) (_ *
 		log:        s.log.With().Str(logSandbox, spec.SandboxID).Logger(),
 		ctx:        ctx,
 		cancel:     cancel,
+		holds:      map[*askWait]struct{}{},
 		pol:        pol,
 		allow:      allow,
 		table:      newDNSTable(),
@@ -346,6 +348,7 @@ func (n *network) close() {
 	for _, srv := range n.dnsSrv {
 		_ = srv.Shutdown()
 	}
+
 	if n.dhcp != nil {
 		_ = n.dhcp.Underlying.Close()
 	}
@@ -369,6 +372,7 @@ func (n *network) policy() (Policy, *policy.Allowlist) {
 func (n *network) setPolicy(p Policy, a *policy.Allowlist) int {
 	n.polMu.Lock()
 	n.pol, n.allow = p, a
+	n.noteHolds(p)
 	n.polMu.Unlock()
 	n.armExpiry(p)
 	return n.rejudge(RulePolicyRevoked)

@@ -35,6 +35,10 @@ func normalizePolicy(p Policy, now time.Time) (Policy, *policy.Allowlist, error)
 	p.Allow = allow.Rules()
 	p.Deny = allow.Deny()
 	p.Repos = append([]string(nil), p.Repos...)
+	if len(p.Pending) > maxPolicyPending {
+		return Policy{}, nil, errdefs.Invalid("%d pending requests: at most %d", len(p.Pending), maxPolicyPending)
+	}
+	p.Pending = append([]string(nil), p.Pending...)
 	private, err := netaddr.ParseAllowPrivate(p.AllowPrivate)
 	if err != nil {
 		return Policy{}, nil, errdefs.Invalid("%v", err)

@@ -64,6 +64,9 @@ type ManagerConfig struct {
 	// OnRequest is told of each query an ask-mode network holds for approval (ask.go); it must
 	// not block.
 	OnRequest func(netstackapi.EgressRequest)
+	// AskHoldTCP is how long an ask-mode network holds a connection for approval (default
+	// AskHoldTCP).
+	AskHoldTCP time.Duration
 }
 
 // Manager runs the networks of all sandboxes on this host.
@@ -82,6 +85,9 @@ type Manager struct {
 func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Audit == nil {
 		return nil, errors.New("netstack: config: audit sink is required")
+	}
+	if cfg.AskHoldTCP <= 0 {
+		cfg.AskHoldTCP = AskHoldTCP
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second

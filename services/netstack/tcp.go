@@ -28,6 +28,9 @@ func (n *network) handleTCP(r *tcp.ForwarderRequest) {
 	f := &flow{proto: "tcp", dst: dst, port: int(id.LocalPort), layer: audit.LayerL4, epoch: n.conns.begin()}
 	f.names = n.namesFor(dst, time.Now())
 	v := n.judgeTCP(dst, f.port, f.names)
+	if !v.allowed() && v.ask {
+		v = n.holdTCP(v, dst, f.port, f.names)
+	}
 	if !v.allowed() {
 		n.emit(v.ev)
 		r.Complete(true)

@@ -4,6 +4,7 @@ package netstack
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -76,9 +77,22 @@ type Policy struct {
 	// Deny are host patterns (`nexus egress deny`) refused whatever rule of Allow covers them
 	// (audited with rule egress_deny).
 	Deny []string `json:"deny,omitempty"`
-	// Ask holds a DNS query for a name not allowed (at most AskHold, then SERVFAIL) and reports
-	// it as an EgressRequest, so that a person may approve it meanwhile.
+	// Ask holds a DNS query for a name not allowed (at most AskHold, then SERVFAIL), and a TCP
+	// connection to a destination not allowed (its handshake unanswered, at most AskHoldTCP),
+	// and reports each as an EgressRequest, so that a person may approve it meanwhile.
 	Ask bool `json:"ask,omitempty"`
+	// Pending are the PendingKey of the sandbox's recorded requests: a held query or connection
+	// whose request was pending and no longer is, and is still not allowed, was rejected and is
+	// refused at once.
+	Pending []string `json:"pending,omitempty"`
+}
+
+// PendingKey names a request in Policy.Pending: host, or host:port (port 0 is a DNS query).
+func PendingKey(host string, port int) string {
+	if port == 0 {
+		return host
+	}
+	return host + ":" + strconv.Itoa(port)
 }
 
 // RequestSubjectPrefix is where a netstack publishes the queries it holds for approval:
