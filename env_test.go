@@ -17,6 +17,7 @@ import (
 var envAllowed = map[string]string{
 	"gateway/cli/exec.go envOr os.Getenv":                       "`nexus shell` passes the user's own $TERM to the guest: per-command user data",
 	"gateway/cli/egress.go secretCommand os.LookupEnv":          "`secret set --from-env NAME` reads the variable the user named: per-command user data",
+	"gateway/cli/imagebuild.go runDockerBuild os.LookupEnv":     "`image build --build-arg NAME` takes the variable the user named, as docker does: per-command user data",
 	"gateway/internal/worktree/git.go runGit os.Environ":        "host git runs in the user's environment (their git config, credentials, PATH)",
 	"services/gitrelay/sshconf.go defaults os.LookupEnv":        "the host ssh runs with the user's PATH, HOME, USER, LOGNAME and SSH_AUTH_SOCK: its environment, not a nexus setting",
 	"services/vmm/image/build.go debootstrap os.Environ":        "debootstrap runs in the host's environment (proxy variables, PATH)",

@@ -46,7 +46,7 @@ func (g *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 	}
 	return api.Empty{}, g.vmm(sb.Host).Exec(ctx, vmmapi.ExecRequest{
 		ID: sb.ID, SID: r.SID, Argv: r.Argv, Env: r.Env, Dir: r.Dir, TTY: r.TTY, Rows: r.Rows, Cols: r.Cols,
-		Stdin: r.Stdin, Timeout: r.Timeout,
+		Stdin: r.Stdin, Timeout: r.Timeout, User: r.User,
 	})
 }
 

@@ -77,8 +77,13 @@ left out (with a warning), setuid bits are dropped, and a copy is placed only on
 // guestRun runs argv in the sandbox with stdin and stdout as given; a failure of the command
 // is an error naming what (its stderr's first line).
 func guestRun(ctx context.Context, c *api.Client, name string, argv []string, stdin io.Reader, stdout io.Writer) (int, string, error) {
+	return guestRunAs(ctx, c, api.ExecRequest{Name: name, Argv: argv}, stdin, stdout)
+}
+
+// guestRunAs is guestRun of a request that may name the user and directory.
+func guestRunAs(ctx context.Context, c *api.Client, req api.ExecRequest, stdin io.Reader, stdout io.Writer) (int, string, error) {
 	var errOut strings.Builder
-	req := api.ExecRequest{Name: name, Argv: argv, Stdin: stdin != nil}
+	req.Stdin = stdin != nil
 	if stdin == nil {
 		stdin = strings.NewReader("")
 	}

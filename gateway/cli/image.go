@@ -26,14 +26,34 @@ import (
 func imageCommand() *cobra.Command {
 	img := &cobra.Command{Use: "image", Short: "Build, pull, import, list, inspect and remove root images"}
 	var force bool
+	var db dockerBuild
 	build := &cobra.Command{
-		Use:   "build NAME",
-		Short: "Build a root image (nexus-base: Debian bookworm; nexus-mini: busybox)",
-		Long: "Build a built-in root image. A build is tagged with its date (nexus-base:20260807) and latest;\n" +
-			"one build of each image is kept.",
-		Example: "  nexus image build nexus-mini\n  nexus image build nexus-base --force",
-		Args:    cobra.ExactArgs(1),
+		Use:   "build NAME | build -f DOCKERFILE [-t NAME[:TAG]] [CONTEXT]",
+		Short: "Build a built-in root image (nexus-base, nexus-mini), or an image from a Dockerfile",
+		Long: "Without -f, build a built-in root image. A build is tagged with its date (nexus-base:20260807) and\n" +
+			"latest; one build of each image is kept.\n\n" +
+			"With -f, build a Dockerfile over the CONTEXT directory (default .). The subset built: one stage of\n" +
+			dockerfileHelp,
+		Example: "  nexus image build nexus-mini\n  nexus image build nexus-base --force\n" +
+			"  nexus image build -f Dockerfile -t myimg:1 .\n" +
+			"  nexus image build -f Dockerfile --build-arg VERSION=2 --allow-host deb.debian.org -t tools:dev ./ctx",
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if db.file != "" {
+				o := db
+				o.context = "."
+				if len(args) == 1 {
+					o.context = args[0]
+				}
+				info, err := runDockerBuild(cmd, o)
+				if err != nil {
+					return err
+				}
+				return printImage(cmd, info)
+			}
+			if len(args) != 1 {
+				return usageError{errors.New("image build: name a built-in image (nexus-base, nexus-mini, nexus-agent-base), or give -f DOCKERFILE")}
+			}
 			info, err := imageWithProgress(cmd, vmmapi.ImageRequest{Op: "build", Name: args[0], Force: force}, "building "+args[0])
 			if err != nil {
 				return err
@@ -46,6 +66,14 @@ func imageCommand() *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the image exists")
+	bf := build.Flags()
+	bf.StringVarP(&db.file, "file", "f", "", "build this Dockerfile (- reads it from stdin)")
+	bf.StringVarP(&db.tag, "tag", "t", "", "name the image NAME[:TAG] (default: the context directory's name, tag latest)")
+	bf.StringArrayVar(&db.buildArgs, "build-arg", nil, "set an ARG: NAME=VALUE, or NAME to take it from the environment (repeatable)")
+	bf.StringArrayVar(&db.allowHosts, "allow-host", nil, "let the builder sandbox reach HOST[:PORT] (repeatable; without any, RUN has no network)")
+	bf.Int64Var(&db.maxContext, "max-context", 0, "refuse a build context larger than this many bytes (default 1 GiB)")
+	bf.IntVar(&db.memoryMiB, "memory", 0, "memory of the builder sandbox in MiB (default: a sandbox's)")
+	bf.BoolVar(&db.noCache, "no-cache", false, "build every step again, even if an earlier build made the same")
 
 	var pr vmmapi.ImageRequest
 	var passwordStdin bool
@@ -208,7 +236,7 @@ func imageCommand() *cobra.Command {
 			return nil
 		},
 	}
-	img.AddCommand(build, pull, imp, ls, inspect, rm)
+	img.AddCommand(build, pull, imp, saveCommand(), ls, inspect, rm)
 	return img
 }
 
@@ -312,4 +340,91 @@ func imageWithProgress(cmd *cobra.Command, req vmmapi.ImageRequest, what string)
 
 func imageOp(ctx context.Context, c *api.Client, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
 	return c.Image(ctx, r)
+}
+
+const dockerfileHelp = `FROM (a built-in, local or registry image), RUN, COPY and ADD
+(files of the context; ADD neither fetches URLs nor unpacks archives), ENV, ARG, WORKDIR, USER,
+ENTRYPOINT, CMD, LABEL and EXPOSE. Any other instruction is refused with its line number.
+
+Every RUN runs in one builder sandbox booted from the FROM image, with no network unless
+--allow-host names hosts (default-deny egress, the perimeter of any sandbox); COPY sends the
+context's files into it. The builder's disk is then made the new image, recorded with a digest,
+its config (Env, WorkingDir, User, Entrypoint, Cmd, Labels) and the tag. The builder is removed
+whatever happens, and a failed build records nothing.
+
+A build is cached by its steps: each step's key hashes the one before, the instruction and the
+contents of what it copies, so an unchanged Dockerfile builds instantly and one that adds steps
+after an earlier build starts from it. The context is untrusted input: .dockerignore is honoured,
+symbolic links are copied as links and never followed out of it, and its size is bounded
+(--max-context). Progress is a line per step on stderr (JSON lines under --json).`
+
+func saveCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "save NAME[:TAG] -o FILE|- | save SANDBOX NAME[:TAG]",
+		Short: "Write an image as a docker save tarball, or make a sandbox's disk an image",
+		Long: "With -o, write the image as a docker save tarball (one layer: its root with owners and modes,\n" +
+			"and its config) to FILE, or to stdout with -o -. nexus image import and docker load read it.\n\n" +
+			"With SANDBOX and NAME, the sandbox's disk becomes the image NAME:TAG (its base's config).\n" +
+			"A running sandbox keeps running: its writes are flushed and it is paused while the disk is\n" +
+			"copied.",
+		Example: "  nexus image save myimg:1 -o myimg.tar\n  nexus image save myimg:1 -o - | docker load\n" +
+			"  nexus image save demo/t1 demo-t1:snapshot",
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output == "" {
+				if len(args) != 2 {
+					return usageError{errors.New("image save: give -o FILE to write an image, or SANDBOX NAME[:TAG] to make a sandbox's disk an image")}
+				}
+				c, _, err := dial(cmd)
+				if err != nil {
+					return err
+				}
+				var base *vmmapi.ImageConfig
+				if sb, err := c.Get(cmd.Context(), args[0]); err == nil {
+					if bi, err := c.Image(cmd.Context(), vmmapi.ImageRequest{Op: "inspect", Name: sb.Image}); err == nil {
+						base = &vmmapi.ImageConfig{Env: bi.Env, WorkingDir: bi.WorkingDir, User: bi.User, Entrypoint: bi.Entrypoint,
+							Cmd: bi.Cmd, Labels: bi.Labels, ExposedPorts: bi.ExposedPorts}
+					}
+				}
+				info, err := imageWithProgress(cmd, vmmapi.ImageRequest{Op: "commit", Sandbox: args[0], Name: args[1], Config: base,
+					Source: "save " + args[0]}, "saving "+args[0])
+				if err != nil {
+					return err
+				}
+				return printImage(cmd, info)
+			}
+			if len(args) != 1 {
+				return usageError{errors.New("image save -o: name one image")}
+			}
+			file := output
+			if output == "-" {
+				dir, err := os.MkdirTemp("", "nexus-save-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				file = filepath.Join(dir, "image.tar")
+			} else if abs, err := filepath.Abs(output); err == nil {
+				file = abs
+			}
+			info, err := imageWithProgress(cmd, vmmapi.ImageRequest{Op: "save", Name: args[0], File: file}, "saving "+args[0])
+			if err != nil {
+				return err
+			}
+			if output == "-" {
+				f, err := os.Open(file)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				_, err = io.Copy(cmd.OutOrStdout(), f)
+				return err
+			}
+			done(cmd, imageRef(info), "saved", "%s saved to %s\n", imageRef(info), output)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "write the image to FILE (- for stdout) as a docker save tarball")
+	return cmd
 }

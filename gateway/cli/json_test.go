@@ -60,6 +60,7 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"image ls":          nil,
 		"image pull":        {"127.0.0.1:1/nothing/here:1"}, // loopback, nothing listens
 		"image import":      {tmp + "/missing.tar"},
+		"image save":        {"nexus-bogus", "-o", tmp + "/out.tar"},
 		"image inspect":     {"nexus-bogus"},
 		"image rm":          {"nexus-bogus"},
 		"logs":              {"box"},

@@ -4,12 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/services/vmm/guest"
 	"github.com/IniZio/nexus/services/vmm/image"
 )
 
@@ -75,6 +81,7 @@ func imageInfo(i *image.Info) api.ImageInfo {
 	}
 	if c := i.Config; c != nil {
 		out.Env, out.WorkingDir, out.User, out.Entrypoint, out.Cmd, out.Labels = c.Env, c.WorkingDir, c.User, c.Entrypoint, c.Cmd, c.Labels
+		out.ExposedPorts = c.ExposedPorts
 	}
 	return out
 }
@@ -115,6 +122,21 @@ func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo,
 		return imageInfo(info), nil
 	case "import":
 		info, err := image.Import(ctx, s.cfg.Home, s.cfg.CacheDir, r.File, r.Name, s.pullOptions(r), s.imageProgress(r.Progress))
+		if err != nil {
+			return api.ImageInfo{}, err
+		}
+		return imageInfo(info), nil
+	case "save":
+		if !filepath.IsAbs(r.File) {
+			return api.ImageInfo{}, errdefs.Invalid("image save: the file must be an absolute path on the vmm's host")
+		}
+		info, err := image.Export(ctx, s.cfg.Home, r.Name, r.File, s.imageProgress(r.Progress))
+		if err != nil {
+			return api.ImageInfo{}, err
+		}
+		return imageInfo(info), nil
+	case "commit":
+		info, err := s.commit(ctx, r)
 		if err != nil {
 			return api.ImageInfo{}, err
 		}
@@ -209,4 +231,99 @@ func execDefaults(r *api.ExecRequest, c *image.Config) {
 	if len(r.Argv) == 0 {
 		r.Argv = append(append([]string{}, c.Entrypoint...), c.Cmd...)
 	}
+}
+
+// commit makes an image of a stopped sandbox's disk (its qcow2 overlay flattened with its base
+// into a new raw ext4, so the image depends on nothing), or of a base image's root under a new
+// config. The digest comes from the build's cache key, else from the sandbox and the time.
+func (s *Service) commit(ctx context.Context, r api.ImageRequest) (*image.Info, error) {
+	var cfg *image.Config
+	if c := r.Config; c != nil {
+		cfg = &image.Config{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
+			Labels: c.Labels, ExposedPorts: c.ExposedPorts}
+	}
+	key := r.BuildKey
+	if key == "" {
+		key = r.Sandbox + "@" + time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	o := image.CommitOptions{Name: r.Name, Digest: api.BuildDigest(key), Source: r.Source, Config: cfg}
+	if o.Source == "" {
+		o.Source = "commit " + r.Sandbox
+	}
+	if r.Sandbox == "" {
+		base, err := image.Resolve(s.cfg.Home, r.Base)
+		if err != nil {
+			return nil, err
+		}
+		return image.Commit(ctx, s.cfg.Home, "", base, o)
+	}
+	defer s.lockID(r.Sandbox)()
+	s.mu.Lock()
+	m := s.vms[r.Sandbox]
+	s.mu.Unlock()
+	dir := s.cfg.Home.Sandbox(r.Sandbox)
+	disk := filepath.Join(dir, "disk.qcow2")
+	if _, err := os.Stat(disk); err != nil {
+		return nil, errdefs.NotFound("sandbox %s has no disk to make an image of", r.Sandbox)
+	}
+	var base *image.Info
+	if b, err := os.ReadFile(filepath.Join(dir, imageFile)); err == nil {
+		base, _ = image.Resolve(s.cfg.Home, strings.TrimSpace(string(b)))
+	}
+	if err := os.MkdirAll(s.cfg.Home.Images(), 0o755); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(s.cfg.Home.Images(), ".commit-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	raw := filepath.Join(work, "root.ext4")
+	if p := s.imageProgress(r.Progress); p != nil {
+		p("flatten disk", 0.5)
+	}
+	argv := []string{"convert", "-q", "-f", "qcow2", "-O", "raw", disk, raw}
+	if m != nil { // running: its writes flushed, then read while it is paused
+		resume, err := s.quiesce(ctx, m)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", r.Name, err)
+		}
+		defer resume()
+		argv = append([]string{"convert", "-U"}, argv[1:]...)
+	}
+	if out, err := exec.CommandContext(ctx, "qemu-img", argv...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("image %s: flattening the disk of %s: %v: %s", r.Name, r.Sandbox, err, errdefs.FirstLine(strings.TrimSpace(string(out))))
+	}
+	return image.Commit(ctx, s.cfg.Home, raw, base, o)
+}
+
+// quiesce makes a running sandbox's disk consistent for a copy: the guest's dirty pages are
+// written (sync), then the VM is paused, which drains and flushes QEMU's block layer. The
+// returned func resumes the VM and sets the guest clock that stood still.
+func (s *Service) quiesce(ctx context.Context, m *machine) (func(), error) {
+	if m.agent == nil {
+		return nil, errdefs.Conflict("sandbox %s has no agent to flush its disk: stop it first", m.name)
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	st, err := m.agent.Exec(sctx, guest.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil, io.Discard, io.Discard, nil)
+	cancel()
+	if err == nil && st.Code != 0 {
+		err = fmt.Errorf("sync exited %d %s", st.Code, st.Error)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("flushing the guest's writes: %w", err)
+	}
+	if err := m.vm.Pause(ctx); err != nil {
+		return nil, fmt.Errorf("pausing the VM: %w", err)
+	}
+	return func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := m.vm.Resume(rctx); err != nil {
+			s.log.Warn().Err(err).Str("sandbox", m.name).Msg("resuming after an image commit")
+			return
+		}
+		now := time.Now()
+		m.agent.Configure(rctx, agentproto.ConfigureRequest{Time: &now})
+	}, nil
 }

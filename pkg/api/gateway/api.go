@@ -111,6 +111,7 @@ type ExecRequest struct {
 	Argv    []string `json:"argv"`
 	Env     []string `json:"env,omitempty"`
 	Dir     string   `json:"dir,omitempty"`
+	User    string   `json:"user,omitempty"` // the guest user to run as (default: the image's, else root)
 	TTY     bool     `json:"tty,omitempty"`
 	Rows    uint16   `json:"rows,omitempty"`
 	Cols    uint16   `json:"cols,omitempty"`

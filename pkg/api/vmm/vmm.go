@@ -4,6 +4,9 @@ package vmm
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -295,16 +298,20 @@ type ImageInfo struct {
 	Entrypoint  []string          `json:"entrypoint,omitempty"`
 	Cmd         []string          `json:"cmd,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
-	UsedBy      []string          `json:"used_by,omitempty"` // sandboxes and snapshots on its base (inspect)
+	// ExposedPorts are the image's EXPOSE ports (PORT/tcp), for information: nexus forwards
+	// whatever a guest listens on.
+	ExposedPorts []string `json:"exposed_ports,omitempty"`
+	UsedBy       []string `json:"used_by,omitempty"` // sandboxes and snapshots on its base (inspect)
 }
 
 // ImageRequest builds, pulls, imports, inspects or removes an image. Progress, when set,
 // receives ImageProgress messages.
 type ImageRequest struct {
-	Op    string `json:"op"`   // build, pull, import, inspect or rm
+	Op    string `json:"op"`   // build, pull, import, save, commit, inspect or rm
 	Name  string `json:"name"` // the image (build, inspect, rm), the reference (pull), the name to give (import)
 	Force bool   `json:"force,omitempty"`
-	// File is the tarball or OCI layout to import, a path on the vmm's host.
+	// File is the tarball or OCI layout to import, or the tarball save writes, a path on the
+	// vmm's host.
 	File string `json:"file,omitempty"`
 	// Pull options: registry credentials (else the user's docker config) and plain HTTP.
 	Username string `json:"username,omitempty"`
@@ -314,7 +321,38 @@ type ImageRequest struct {
 	MaxBytes  int64  `json:"max_bytes,omitempty"`
 	MaxInodes int64  `json:"max_inodes,omitempty"`
 	Progress  string `json:"progress,omitempty"`
+
+	// Commit makes Name (NAME[:TAG]) an image: the disk of the stopped Sandbox (its name at the
+	// gateway, its id at the vmm), or, without one, the root of the image with key Base under a
+	// new Config. BuildKey, when set, is the build's cache key (BuildDigest derives the image's
+	// digest from it), so an unchanged build is found again.
+	Sandbox  string       `json:"sandbox,omitempty"`
+	Base     string       `json:"base,omitempty"`
+	BuildKey string       `json:"build_key,omitempty"`
+	Source   string       `json:"source,omitempty"` // what image ls says it came from
+	Config   *ImageConfig `json:"config,omitempty"`
 }
+
+// ImageConfig is what a committed image's exec defaults are.
+type ImageConfig struct {
+	Env          []string          `json:"env,omitempty"`
+	WorkingDir   string            `json:"working_dir,omitempty"`
+	User         string            `json:"user,omitempty"`
+	Entrypoint   []string          `json:"entrypoint,omitempty"`
+	Cmd          []string          `json:"cmd,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	ExposedPorts []string          `json:"exposed_ports,omitempty"`
+}
+
+// BuildDigest is the digest of the image a build with cache key key makes. It is a hash of a
+// hash under a prefix of its own, so no build can claim a pulled image's digest.
+func BuildDigest(key string) string {
+	sum := sha256.Sum256([]byte("nexus image build\x00" + key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// ImageKey is the key (file stem) of the image with a digest.
+func ImageKey(digest string) string { return strings.Replace(digest, ":", "-", 1) }
 
 // ImageProgress is one progress report of a build.
 type ImageProgress struct {

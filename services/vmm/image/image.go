@@ -78,6 +78,8 @@ type Config struct {
 	Entrypoint []string          `json:"entrypoint,omitempty"`
 	Cmd        []string          `json:"cmd,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
+	// ExposedPorts are a built image's EXPOSE ports (PORT/tcp), for information.
+	ExposedPorts []string `json:"exposed_ports,omitempty"`
 }
 
 // DateTag is the tag a built-in image's build carries besides latest.

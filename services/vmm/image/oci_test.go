@@ -310,3 +310,43 @@ func lsParseable(t *testing.T, img, dir string) string {
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
 }
+
+// TestSaveRoundTrip: an image saved as a docker save tarball imports back to the same root
+// (names, types, modes, owners, sizes, the setuid bit, a hard link) and the same config.
+func TestSaveRoundTrip(t *testing.T) {
+	h, cache, ctx := pullEnv(t)
+	img, err := mutate.AppendLayers(appImage(t, "round"), ocitest.Layer(t, ocitest.Tar(t,
+		ocitest.File{Name: "srv/app/hard", Type: tar.TypeLink, Link: "srv/app/hello"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(t.TempDir(), "app.tar")
+	ocitest.Save(t, tarPath, "example.com/demo/app:1.2", img)
+	orig, err := image.Import(ctx, h, cache, tarPath, "", image.PullOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := filepath.Join(t.TempDir(), "saved.tar")
+	if _, err := image.Export(ctx, h, "example.com/demo/app:1.2", saved, nil); err != nil {
+		t.Fatal(err)
+	}
+	back, err := image.Import(ctx, h, cache, saved, "again:1", image.PullOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Key == orig.Key || back.Config.User != "app" || back.Config.WorkingDir != "/srv/app" ||
+		!slices.Equal(back.Config.Cmd, orig.Config.Cmd) || back.Config.Labels["org.example.team"] != "nexus" {
+		t.Errorf("imported back %+v (config %+v)", back, back.Config)
+	}
+	for _, dir := range []string{"/", "/etc", "/srv/app", "/usr/bin"} {
+		if a, b := lsParseable(t, orig.Path, dir), lsParseable(t, back.Path, dir); a != b || a == "" {
+			t.Errorf("%s differs after save and import:\n%s\nvs\n%s", dir, a, b)
+		}
+	}
+	if !strings.Contains(debugfsStat(t, back.Path, "/srv/app/hard"), "Links: 2") {
+		t.Error("the hard link became a copy")
+	}
+	if _, err := image.Export(ctx, h, "nothere:1", saved, nil); err == nil {
+		t.Error("saving an unknown image worked")
+	}
+}
