@@ -13,6 +13,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/ring"
 )
@@ -228,7 +229,11 @@ func (s *Server) sandboxRun(ctx context.Context, req mcpgo.CallToolRequest) (res
 	if a.Image == "" {
 		return nil, errdefs.Invalid("image is required, e.g. nexus-base or nexus-mini")
 	}
-	if err := checkCommand(a.Argv, a.Env, a.Stdin); err != nil {
+	argv := a.Argv
+	if len(argv) == 0 { // the image's Entrypoint and Cmd, checked once the image is known
+		argv = []string{"image default"}
+	}
+	if err := checkCommand(argv, a.Env, a.Stdin); err != nil {
 		return nil, err
 	}
 	timeout, err := execTimeout(a.Timeout)
@@ -245,6 +250,13 @@ func (s *Server) sandboxRun(ctx context.Context, req mcpgo.CallToolRequest) (res
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if len(a.Argv) == 0 {
+		// An image here already says what it runs; one pulled by the create is checked by the
+		// vmm, which refuses an exec with nothing to run.
+		if img, err := c.Image(ctx, vmmapi.ImageRequest{Op: "inspect", Name: a.Image}); err == nil && len(img.Entrypoint)+len(img.Cmd) == 0 {
+			return nil, errdefs.Invalid("argv is empty and image %s has no Entrypoint or Cmd: give the command, e.g. [\"sh\",\"-c\",\"echo hi\"]", a.Image)
+		}
 	}
 	nonce := randomHex(8)
 	defer func() {

@@ -166,6 +166,10 @@ type fakeVMM struct {
 	execHook func(r vmmapi.ExecRequest) error
 	// paths maps guest paths to host directories in argv and env (the "guest" filesystem).
 	paths map[string]string
+	// images are the image records inspect answers; an exec without argv in a sandbox of one
+	// runs its Entrypoint and Cmd, as the vmm does.
+	images  map[string]vmmapi.ImageInfo
+	imageOf map[string]string
 }
 
 func (f *fakeVMM) mapPaths(ss []string) []string {
@@ -180,7 +184,7 @@ func (f *fakeVMM) mapPaths(ss []string) []string {
 }
 
 func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
-	f := &fakeVMM{vms: map[string]*vmmapi.VMInfo{}}
+	f := &fakeVMM{vms: map[string]*vmmapi.VMInfo{}, images: map[string]vmmapi.ImageInfo{}, imageOf: map[string]string{}}
 	ready := make(chan error, 1)
 	serve := func(register func(s *bus.Service) error) {
 		err := bus.Serve(ctx, nc, bus.ServiceInfo{Name: "vmm", Host: bus.LocalHost, Version: "0.0.1"}, zerolog.Nop(), register)
@@ -195,6 +199,7 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 				f.mu.Lock()
 				defer f.mu.Unlock()
 				f.vms[r.ID] = &vmmapi.VMInfo{ID: r.ID, Running: true, PID: 1, Started: time.Now()}
+				f.imageOf[r.ID] = r.Image
 				return vmmapi.StartResponse{PID: 1, Accel: "fake"}, nil
 			}),
 			vmmapi.Stop.Serve(s, f.set(func(vi *vmmapi.VMInfo) { vi.Running = false })),
@@ -231,6 +236,14 @@ func startFakeVMM(t *testing.T, ctx context.Context, nc *nats.Conn) *fakeVMM {
 				return vmmapi.LogsResponse{Data: log[off:end], NextOffset: end}, nil
 			}),
 			vmmapi.Exec.Serve(s, f.exec(nc)),
+			vmmapi.Image.Serve(s, func(_ context.Context, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				if i, ok := f.images[r.Name]; ok && r.Op == "inspect" {
+					return i, nil
+				}
+				return vmmapi.ImageInfo{}, errdefs.NotFound("image %s is not here", r.Name)
+			}),
 		)
 		ready <- err
 		return err
@@ -292,6 +305,12 @@ func (f *fakeVMM) exec(nc *nats.Conn) func(context.Context, vmmapi.ExecRequest) 
 		sess, err := stream.Server(nc, r.SID)
 		if err != nil {
 			return vmmapi.Empty{}, err
+		}
+		if len(r.Argv) == 0 {
+			f.mu.Lock()
+			img := f.images[f.imageOf[r.ID]]
+			f.mu.Unlock()
+			r.Argv = append(append([]string{}, img.Entrypoint...), img.Cmd...)
 		}
 		argv := f.mapPaths(r.Argv)
 		cmd := exec.Command(argv[0], argv[1:]...)

@@ -133,7 +133,7 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithDescription("Ephemeral create+boot+exec+remove in one call. The sandbox is removed unconditionally: on success, on error and on timeout. "+
 				"Returns the sandbox_exec result plus the sandbox name (and remove_error if removing it failed)."),
 			mcpgo.WithString("image", mcpgo.Required(), mcpgo.Description("root image, e.g. nexus-base or nexus-mini")),
-			mcpgo.WithArray("argv", mcpgo.Required(), mcpgo.WithStringItems(), mcpgo.MinItems(1), mcpgo.Description("command and arguments")),
+			mcpgo.WithArray("argv", mcpgo.Required(), mcpgo.WithStringItems(), mcpgo.Description("command and arguments; [] runs the image's Entrypoint followed by its Cmd (an image built or pulled with them), as nexus exec without a command does")),
 			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
 			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),
 			mcpgo.WithString("project", mcpgo.Description("project of the sandbox (default \"default\")")),
