@@ -149,11 +149,7 @@ func execWebSocket(s *Service, w http.ResponseWriter, r *http.Request) error {
 	if conn == nil {
 		return err // nothing upgraded: an HTTP error
 	}
-	msg := WSControl{Type: "exit", ExitCode: exit.Code, Signal: exit.Signal, Error: oneLine(exit.Error)}
-	if err != nil {
-		msg = WSControl{Type: "error", Code: errdefs.Code(err), Message: oneLine(err.Error())}
-	}
-	ws.finish(msg)
+	ws.finish(exitControl(exit, err))
 	return nil
 }
 

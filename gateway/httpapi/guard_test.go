@@ -40,7 +40,7 @@ type fixture struct {
 	gw     *fakeGateway
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T, edit ...func(*Config)) *fixture {
 	t.Helper()
 	b := testutil.NewBus(t)
 	gw := &fakeGateway{}
@@ -69,10 +69,14 @@ func newFixture(t *testing.T) *fixture {
 		gw.mu.Unlock()
 		return &api.Sandbox{Name: "default/" + r.Name, Agent: r.Agent, State: api.StateRunning}, nil
 	}))
-	s, err := New(Config{Addr: "127.0.0.1:0", Home: b.Home, Log: zerolog.Nop(), Version: "test",
+	cfg := Config{Addr: "127.0.0.1:0", Home: b.Home, Log: zerolog.Nop(), Version: "test",
 		Dial: func(ctx context.Context) (*nats.Conn, error) {
 			return bus.Connect(ctx, bus.ConnectConfig{Home: b.Home, User: bus.UserCLI, URL: b.URL})
-		}})
+		}}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

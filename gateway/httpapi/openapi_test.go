@@ -46,6 +46,7 @@ var queryParams = map[string][][3]string{
 var bodies = map[string][2]string{
 	"POST /v1/sandboxes":                       {"application/json", "CreateRequest: name, image, labels, memory_mib, vcpus, cpus, agent, egress_mode, allow_hosts, allow_private, repos, secrets, mounts, mount_named, no_port_forward, ephemeral, ttl, idle_timeout, limits, config"},
 	"POST /v1/sandboxes/{name}/exec":           {"application/json", "argv, env, workdir, stdin (text, then closed), timeout"},
+	"POST /v1/sandboxes/{name}/exec/stream":    {"application/json", "argv, env, workdir, stdin (text, then closed), timeout"},
 	"POST /v1/sandboxes/{name}/egress/explain": {"application/json", "method, url, body"},
 	"PUT /v1/sandboxes/{name}/files/content":   {"application/octet-stream", "the file's bytes"},
 	"PUT /v1/sandboxes/{name}/files/tar":       {"application/x-tar", "a tar archive"},
@@ -96,6 +97,9 @@ func generate() ([]byte, error) {
 		ok := map[string]any{"description": "ok"}
 		if wt.resp != nil {
 			ok["content"] = map[string]any{"application/json": map[string]any{"schema": sc.of(wt.resp)}}
+		}
+		if wt.content != "" {
+			ok["content"] = map[string]any{wt.content: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}
 		}
 		status := "200"
 		if wt.status != 0 {

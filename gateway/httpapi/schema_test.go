@@ -18,7 +18,8 @@ import (
 // write; the OpenAPI schemas are generated from them by reflection.
 type wire struct {
 	req, resp reflect.Type
-	status    int // the success status; 0 is 200
+	status    int    // the success status; 0 is 200
+	content   string // the answer's content type when it is not JSON
 }
 
 func typ[T any]() reflect.Type { return reflect.TypeFor[T]() }
@@ -62,6 +63,7 @@ var wires = map[string]wire{
 	"POST /v1/sandboxes/{name}/pause":          {resp: typ[api.Result]()},
 	"POST /v1/sandboxes/{name}/resume":         {resp: typ[api.Result]()},
 	"POST /v1/sandboxes/{name}/exec":           {req: typ[ExecBody](), resp: typ[mcp.ExecResult]()},
+	"POST /v1/sandboxes/{name}/exec/stream":    {req: typ[ExecBody](), content: ExecStreamType},
 	"GET /v1/sandboxes/{name}/ports":           {resp: typ[portsBody]()},
 	"GET /v1/sandboxes/{name}/egress":          {resp: typ[api.EgressView]()},
 	"POST /v1/sandboxes/{name}/egress/explain": {req: typ[api.ExplainRequest](), resp: typ[api.Explanation]()},

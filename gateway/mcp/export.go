@@ -19,3 +19,6 @@ func RunCommand(ctx context.Context, c *api.Client, req api.ExecRequest, stdin *
 	}
 	return runCommand(ctx, c, req, stdin, d)
 }
+
+// CheckCommand checks argv, env and stdin as sandbox_exec does (the HTTP API's streaming exec).
+func CheckCommand(argv, env []string, stdin *string) error { return checkCommand(argv, env, stdin) }

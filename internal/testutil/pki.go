@@ -101,3 +101,17 @@ func (u *Upstream) Resolve() string { return u.Name + "=" + u.Addr }
 
 // Close stops the server.
 func (u *Upstream) Close() error { return u.srv.Close() }
+
+// WriteLeaf writes the leaf's certificate and key to dir/leaf.pem and dir/leaf-key.pem (what a
+// server given --tls-cert and --tls-key files loads) and returns their paths.
+func (p *PKI) WriteLeaf(dir string) (cert, key string, err error) {
+	der, err := x509.MarshalPKCS8PrivateKey(p.Leaf.PrivateKey)
+	if err != nil {
+		return "", "", err
+	}
+	cert, key = filepath.Join(dir, "leaf.pem"), filepath.Join(dir, "leaf-key.pem")
+	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.Leaf.Certificate[0]}), 0o644); err != nil {
+		return "", "", err
+	}
+	return cert, key, os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+}
