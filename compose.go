@@ -122,6 +122,12 @@ func stackGlobals(cmd *cobra.Command) (*cli.Global, error) {
 	if _, err := gitrelayHosts(g.Settings); err != nil {
 		return nil, err
 	}
+	// A cluster node's services serve the host name it joined under.
+	if cl, ok, err := bus.LoadCluster(g.Home); err != nil {
+		return nil, err
+	} else if ok && g.Settings.Host == bus.LocalHost {
+		g.Settings.Host = cl.Host
+	}
 	failpoint.Arm(g.Home)
 	return g, nil
 }
@@ -180,14 +186,18 @@ re-adopts them (ps, exec, logs work again as before). ` + "`nexus down --all`" +
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: g.Settings.BusPort, Log: g.Log})
+			srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: g.Settings.BusPort, HostName: g.Settings.Host, Log: g.Log})
 			if err != nil {
 				return cli.StartupError(err)
 			}
 			defer srv.Shutdown()
 			grp, gctx := errgroup.WithContext(ctx)
 			names := []string{"bus"}
+			users := bus.HostUsers(g.Home)
 			for _, c := range components() {
+				if !slices.Contains(users, c.name) {
+					continue // a worker host of a cluster runs no gateway or credbroker
+				}
 				nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: c.name, URL: srv.URL(), Log: g.Log, Reconnect: true})
 				if err != nil {
 					return cli.StartupError(err)
@@ -259,7 +269,7 @@ func serveCommand() *cobra.Command {
 			defer stop()
 			name := args[0]
 			if name == "bus" {
-				srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: g.Settings.BusPort, Log: g.Log})
+				srv, err := bus.StartServer(ctx, bus.ServerConfig{Home: g.Home, Port: g.Settings.BusPort, HostName: g.Settings.Host, Log: g.Log})
 				if err != nil {
 					return cli.StartupError(err)
 				}

@@ -86,6 +86,13 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"token revoke":      {"nosuch"},
 		"volume ls":         nil,
 		"volume rm":         {"box", "vol"},
+
+		// issue 25: this host's cluster membership
+		"cluster init":         {"--host", "local"},
+		"cluster join":         {"bogus"},
+		"cluster token create": nil,
+		"cluster token ls":     nil,
+		"cluster token revoke": {"nosuch"},
 	}
 }
 

@@ -66,6 +66,7 @@ func NewRoot() *cobra.Command {
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
 		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(), tokenCommand(), natsCommand(),
+		clusterCommand(),
 		versionCommand(), downCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)

@@ -53,6 +53,12 @@ func Connect(ctx context.Context, cfg ConnectConfig) (*nats.Conn, error) {
 			ev.Msg("bus error")
 		}),
 	}
+	// A cluster node's bus speaks TLS only, on loopback too: trust its cluster's CA.
+	if tlsCfg, err := ClientTLS(cfg.Home); err != nil {
+		return nil, errdefs.Unavailable("nexus: %v", err)
+	} else if tlsCfg != nil {
+		opts = append(opts, nats.Secure(tlsCfg))
+	}
 	if cfg.Reconnect {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(false))
 	} else {

@@ -39,6 +39,15 @@ func (s Scope) Subject(host, verb string) string {
 // All matches every subject of the scope, on every host: nexus.<name>.>.
 func (s Scope) All() string { return "nexus." + s.Name + ".>" }
 
+// OnHost matches every subject of a per-host scope on host only: nexus.<name>.<host>.>. A
+// host's own services serve only these (users.go), so one host's cannot answer for another's.
+func (s Scope) OnHost(host string) string {
+	if !s.PerHost {
+		return s.All()
+	}
+	return "nexus." + s.Name + "." + host + ".>"
+}
+
 // Verbs the permission table names one by one (users.go); their contracts declare the
 // endpoint with the same constant, so a permission cannot drift from its subject.
 const (

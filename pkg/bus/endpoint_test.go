@@ -124,12 +124,16 @@ func TestEndpointPermissions(t *testing.T) {
 			if cs, ok := callersOf[ep.Subject("")]; ok {
 				callers = cs
 			}
-			if !allowed(bus.Permissions(c.server).Subscribe, subject) {
+			if !allowed(bus.Permissions(c.server, bus.LocalHost).Subscribe, subject) {
 				t.Errorf("%s may not serve %s", c.server, subject)
+			}
+			// A host's services serve their own host's subjects only (issue 25).
+			if ep.API().PerHost && allowed(bus.Permissions(c.server, "other").Subscribe, subject) {
+				t.Errorf("%s of host other may serve %s of host %s", c.server, subject, bus.LocalHost)
 			}
 			for _, u := range bus.Users {
 				want := u == bus.UserAdmin || contains(callers, u)
-				if got := bus.Permissions(u) == nil || allowed(bus.Permissions(u).Publish, subject); got != want {
+				if got := bus.Permissions(u, bus.LocalHost) == nil || allowed(bus.Permissions(u, bus.LocalHost).Publish, subject); got != want {
 					t.Errorf("%s may request %s: %v, want %v", u, subject, got, want)
 				}
 			}

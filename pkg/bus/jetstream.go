@@ -19,12 +19,21 @@ const LeaseTTL = 5 * time.Second
 // events, never another's (docs/audit.md).
 const AuditPerSubject = 10000
 
-// EnsureJetStream creates (or updates) every bucket and stream nexus uses. Only the bus user
-// may do this; services bind to what exists.
-func EnsureJetStream(ctx context.Context, nc *nats.Conn) error {
+// EnsureJetStream creates (or updates) every bucket and stream nexus uses, with at least
+// replicas copies (1 on a single host; ClusterReplicas on three cluster nodes or more). One that
+// exists with more replicas keeps them: a node never scales the cluster's store down, and one
+// created R1 on a single host is raised in place (JetStream copies it to the new peers). Only
+// the bus user may do this; services bind to what exists.
+func EnsureJetStream(ctx context.Context, nc *nats.Conn, replicas int) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
+	}
+	keep := func(stream string) int {
+		if st, err := js.Stream(ctx, stream); err == nil && st.CachedInfo().Config.Replicas > replicas {
+			return st.CachedInfo().Config.Replicas
+		}
+		return max(replicas, 1)
 	}
 	buckets := []jetstream.KeyValueConfig{
 		{Bucket: KVSandboxes, Description: "sandbox registry", History: 5, Storage: jetstream.FileStorage},
@@ -33,6 +42,7 @@ func EnsureJetStream(ctx context.Context, nc *nats.Conn) error {
 		{Bucket: KVLeases, Description: "caller leases of ephemeral sandboxes", History: 1, TTL: LeaseTTL, Storage: jetstream.FileStorage},
 	}
 	for _, b := range buckets {
+		b.Replicas = keep("KV_" + b.Bucket)
 		if _, err := js.CreateOrUpdateKeyValue(ctx, b); err != nil {
 			return fmt.Errorf("jetstream: bucket %s: %w", b.Bucket, err)
 		}
@@ -53,6 +63,7 @@ func EnsureJetStream(ctx context.Context, nc *nats.Conn) error {
 		},
 	}
 	for _, s := range streams {
+		s.Replicas = keep(s.Name)
 		if _, err := js.CreateOrUpdateStream(ctx, s); err != nil {
 			return fmt.Errorf("jetstream: stream %s: %w", s.Name, err)
 		}

@@ -27,17 +27,26 @@ const DefaultPort = 4244
 // ServerConfig configures the embedded bus.
 type ServerConfig struct {
 	Home home.Dir
-	Host string // default 127.0.0.1; the bus never listens beyond loopback unless told to
+	Host string // default 127.0.0.1; beyond loopback only as a cluster node (TLS, cluster.json)
 	Port int    // 0 picks DefaultPort; -1 picks a random free port (tests)
-	Log  zerolog.Logger
+	// HostName is this machine's name on the bus (--host): its services' users may serve and
+	// request only its own host's subjects. Empty: LocalHost, or the cluster's name for it.
+	HostName string
+	Log      zerolog.Logger
 }
 
 // Server is the embedded nats-server with JetStream and per-service users.
 type Server struct {
-	ns   *server.Server
-	lock *os.File
-	url  string
-	home home.Dir
+	ns      *server.Server
+	lock    *os.File
+	url     string
+	home    home.Dir
+	host    string
+	cluster *Cluster // nil: the single-host bus
+	opts    *server.Options
+	log     zerolog.Logger
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // ErrAlreadyRunning is returned when another process already runs the bus for this home.
@@ -48,6 +57,23 @@ var ErrAlreadyRunning = errors.New("bus already running")
 func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
+	}
+	cl, clustered, err := LoadCluster(cfg.Home)
+	if err != nil {
+		return nil, errdefs.Invalid("bus: %v", err)
+	}
+	if !clustered && !isLoopback(cfg.Host) {
+		return nil, errdefs.Refused("bus: will not listen on %s: beyond 127.0.0.1 the bus requires TLS and its cluster's users (`nexus cluster init` or `nexus cluster join` first)", cfg.Host)
+	}
+	hostName := cfg.HostName
+	if clustered {
+		if hostName != "" && hostName != LocalHost && hostName != cl.Host {
+			return nil, errdefs.Invalid("bus: this home is host %s of cluster %s, not %s: run it with --host %s (or NEXUS_HOST=%s)", cl.Host, cl.Name, hostName, cl.Host, cl.Host)
+		}
+		hostName = cl.Host
+	}
+	if hostName == "" {
+		hostName = LocalHost
 	}
 	port := cfg.Port
 	switch port {
@@ -77,7 +103,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		Host:       cfg.Host,
 		Port:       port,
 		JetStream:  true,
-		StoreDir:   filepath.Join(cfg.Home.Bus(), "jetstream"),
+		StoreDir:   jetstreamDir(cfg.Home),
 		NoSigs:     true,
 		NoLog:      true,
 		MaxPayload: 8 << 20,
@@ -85,8 +111,19 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  8 << 30,
 	}
-	for _, u := range Users {
-		opts.Users = append(opts.Users, &server.User{Username: u, Password: creds[u].Password, Permissions: permissions(u)})
+	for _, u := range HostUsers(cfg.Home) {
+		opts.Users = append(opts.Users, &server.User{Username: u, Password: creds[u].Password, Permissions: permissions(u, hostName)})
+	}
+	if clustered {
+		if err := clusterOptions(cfg.Home, cl, opts); err != nil {
+			lock.Close()
+			return nil, err
+		}
+		port = cl.ClientPort
+		cfg.Host = opts.Host
+		if tokens, err := loadTokens(cfg.Home); err == nil {
+			opts.Users = append(opts.Users, joinUsers(tokens, time.Now())...)
+		}
 	}
 	if port != server.RANDOM_PORT {
 		// Say clearly that the port is taken rather than letting nats-server log and exit.
@@ -108,7 +145,11 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		lock.Close()
 		return nil, errdefs.Unavailable("bus: the server did not become ready on %s:%d", cfg.Host, port)
 	}
-	s := &Server{ns: ns, lock: lock, url: ns.ClientURL(), home: cfg.Home}
+	s := &Server{ns: ns, lock: lock, url: ns.ClientURL(), home: cfg.Home, host: hostName, opts: opts, log: cfg.Log, stop: make(chan struct{}), done: make(chan struct{})}
+	if clustered {
+		s.cluster = &cl
+		s.url = "tls://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ns.Addr().(*net.TCPAddr).Port))
+	}
 	if err := atomicfile.WriteFile(urlPath(cfg.Home), []byte(s.url+"\n"), 0o600); err != nil {
 		s.Shutdown()
 		return nil, fmt.Errorf("bus: %w", err)
@@ -118,12 +159,21 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		s.Shutdown()
 		return nil, err
 	}
+	if clustered {
+		// A node of a cluster waits for its peers' quorum before JetStream answers; its buckets
+		// and streams exist already once any node has made them. It keeps them at the replica
+		// count the cluster's size asks for (replicasLoop), and serves joins when it has the CA.
+		nc.Close()
+		go s.clusterLoop(ctx)
+		return s, nil
+	}
 	defer nc.Close()
+	close(s.done)
 	// After an unclean stop JetStream recovers its store first; on a loaded machine that can
 	// outlast one API timeout, so keep asking for a while before giving up.
 	deadline := time.Now().Add(time.Minute)
 	for {
-		err := EnsureJetStream(ctx, nc)
+		err := EnsureJetStream(ctx, nc, 1)
 		if err == nil {
 			break
 		}
@@ -142,6 +192,12 @@ func (s *Server) URL() string { return s.url }
 
 // Shutdown stops the server, flushing JetStream, and releases the lock.
 func (s *Server) Shutdown() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
 	os.Remove(urlPath(s.home))

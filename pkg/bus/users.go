@@ -79,7 +79,7 @@ func AuditPublish(service string) string { return AuditPrefix + "." + service + 
 
 // permissions is the least-privilege table: what each user may publish and subscribe to.
 // Replies to requests a user received are always allowed (allow_responses).
-func permissions(user string) *server.Permissions {
+func permissions(user, host string) *server.Permissions {
 	inbox := InboxPrefix(user) + ".>"
 	p := func(pub, sub []string) *server.Permissions {
 		return &server.Permissions{
@@ -102,7 +102,8 @@ func permissions(user string) *server.Permissions {
 	case UserAdmin:
 		return nil // all subjects
 	case UserBus:
-		return p([]string{"$JS.API.>", "$SRV.>"}, []string{"$SRV.>"})
+		// It answers the joins of a cluster's hosts on the node that holds the CA.
+		return p([]string{"$JS.API.>", "$SRV.>"}, []string{"$SRV.>", ClusterJoinSubject})
 	case UserGateway:
 		perm := p(join(
 			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
@@ -115,24 +116,24 @@ func permissions(user string) *server.Permissions {
 		return perm
 	case UserVMM:
 		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>"},
-			[]string{VMMAPI.All(), StreamPrefix + ".*.in", "$SRV.>"})
+			[]string{VMMAPI.OnHost(host), StreamPrefix + ".*.in", "$SRV.>"})
 	case UserNetstack:
 		// It reports the queries an ask-mode sandbox holds (nexus.events.egress.request.<id>).
 		return p([]string{AuditPublish(UserNetstack), EventsPrefix + ".egress.request.>", "$SRV.>"},
-			[]string{NetstackAPI.All(), "$SRV.>"})
+			[]string{NetstackAPI.OnHost(host), "$SRV.>"})
 	case UserMITM:
 		return p([]string{credResolve, AuditPublish(UserMITM), "$SRV.>"},
-			[]string{MITMAPI.All(), "$SRV.>"})
+			[]string{MITMAPI.OnHost(host), "$SRV.>"})
 	case UserCredbroker:
 		return p([]string{"$SRV.>"},
 			[]string{CredAPI.All(), "$SRV.>"})
 	case UserGitrelay:
 		// It reads the sandbox records (the repo policy) and follows lifecycle events.
 		return p(join([]string{AuditPublish(UserGitrelay), "$SRV.>"}, kvRead(KVSandboxes), streamRead(StreamEvents)),
-			[]string{GitrelayAPI.All(), "$SRV.>"})
+			[]string{GitrelayAPI.OnHost(host), "$SRV.>"})
 	case UserPortfwd:
 		return p(join([]string{EventsPrefix + ".ports.>", "$SRV.>"}, kvWrite(KVPorts), streamRead(StreamEvents)),
-			[]string{PortfwdAPI.All(), EventsPrefix + ".>", "$SRV.>"})
+			[]string{PortfwdAPI.OnHost(host), EventsPrefix + ".>", "$SRV.>"})
 	case UserCLI:
 		// The operator's reader of the audit stream (`nexus audit tail`, the MCP audit tool),
 		// which also removes the consumers it made there.
