@@ -23,7 +23,7 @@ var queryParams = map[string][][3]string{
 	"POST /v1/sandboxes/{name}/start":        {{"force", "boolean", "unused; accepted for symmetry"}},
 	"POST /v1/sandboxes/{name}/pause":        {{"force", "boolean", "unused; accepted for symmetry"}},
 	"POST /v1/sandboxes/{name}/resume":       {{"force", "boolean", "unused; accepted for symmetry"}},
-	"GET /v1/sandboxes/{name}/exec/ws":       {{"argv", "*string", "the command and its arguments, in order"}, {"env", "*string", "KEY=VALUE"}, {"workdir", "string", "working directory in the guest"}, {"tty", "boolean", "allocate a pty (stderr merged into stdout)"}, {"stdin", "boolean", "forward stdin frames"}, {"rows", "integer", "pty rows"}, {"cols", "integer", "pty columns"}, {"timeout", "string", "kill the command after this long (exit 124)"}},
+	"GET /v1/sandboxes/{name}/exec/ws":       {{"ticket", "string", "a ticket from POST …/exec/ticket, instead of Authorization (browsers)"}, {"argv", "*string", "the command and its arguments, in order"}, {"env", "*string", "KEY=VALUE"}, {"workdir", "string", "working directory in the guest"}, {"tty", "boolean", "allocate a pty (stderr merged into stdout)"}, {"stdin", "boolean", "forward stdin frames"}, {"rows", "integer", "pty rows"}, {"cols", "integer", "pty columns"}, {"timeout", "string", "kill the command after this long (exit 124)"}},
 	"GET /v1/sandboxes/{name}/logs":          {{"offset", "integer", "byte offset to read from"}, {"agent", "boolean", "the guest agent's own log"}, {"follow", "boolean", "Server-Sent Events of new chunks (event log, id = next offset)"}},
 	"GET /v1/sandboxes/{name}/files":         {{"path", "string", "absolute guest path"}},
 	"GET /v1/sandboxes/{name}/files/stat":    {{"path", "string", "absolute guest path"}},

@@ -43,6 +43,7 @@ var Routes = []route{
 	{"POST", "/v1/sandboxes/{name}/resume", ScopeWrite, "Resume a paused sandbox", lifecycle(api.Resume, false)},
 	{"POST", "/v1/sandboxes/{name}/exec", ScopeWrite, "Run a command and wait: {exit_code, stdout, stderr, …}", execOnce},
 	{"POST", "/v1/sandboxes/{name}/exec/stream", ScopeWrite, "Run a command and stream its output as it comes: frames of channel (1 stdout, 2 stderr, 3 exit), uint32 length, bytes; the last holds {type: exit|error, exit_code, …}", execStream},
+	{"POST", "/v1/sandboxes/{name}/exec/ticket", ScopeWrite, "A single-use ticket, valid 30 s, that opens this sandbox's exec WebSocket as ?ticket= without an Authorization header (browsers cannot set one)", execTicket},
 	{"GET", "/v1/sandboxes/{name}/exec/ws", ScopeWrite, "Run a command over a WebSocket: stdin, stdout, stderr, PTY resize, exit status", execWebSocket},
 	{"GET", "/v1/sandboxes/{name}/logs", ScopeRead, "Console log from offset (agent: the guest agent's log); follow: Server-Sent Events", sandboxLogs},
 	{"GET", "/v1/sandboxes/{name}/ports", ScopeRead, "The sandbox's port forwards", sandboxPorts},

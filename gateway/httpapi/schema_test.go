@@ -64,6 +64,7 @@ var wires = map[string]wire{
 	"POST /v1/sandboxes/{name}/resume":         {resp: typ[api.Result]()},
 	"POST /v1/sandboxes/{name}/exec":           {req: typ[ExecBody](), resp: typ[mcp.ExecResult]()},
 	"POST /v1/sandboxes/{name}/exec/stream":    {req: typ[ExecBody](), content: ExecStreamType},
+	"POST /v1/sandboxes/{name}/exec/ticket":    {resp: typ[TicketBody]()},
 	"GET /v1/sandboxes/{name}/ports":           {resp: typ[portsBody]()},
 	"GET /v1/sandboxes/{name}/egress":          {resp: typ[api.EgressView]()},
 	"POST /v1/sandboxes/{name}/egress/explain": {req: typ[api.ExplainRequest](), resp: typ[api.Explanation]()},

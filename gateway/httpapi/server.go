@@ -58,6 +58,7 @@ type Service struct {
 	log      zerolog.Logger
 	tokens   *Tokens
 	reqlog   *requestLog
+	tickets  tickets
 	loopback bool
 	tls      *tls.Config
 	mcp      *mcp.Server
@@ -217,7 +218,9 @@ func (s *Service) guard(next http.Handler) http.Handler {
 		if err == nil {
 			var ok bool
 			if tok, ok = s.tokens.Lookup(bearer(r)); !ok {
-				err = errUnauthenticated
+				if tok, ok = s.ticketCaller(r); !ok {
+					err = errUnauthenticated
+				}
 			}
 		}
 		if err != nil {
