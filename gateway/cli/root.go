@@ -39,7 +39,8 @@ type Global struct {
 
 // Bus is how this command dials the bus as user.
 func (g *Global) Bus(user string) bus.ConnectConfig {
-	return bus.ConnectConfig{Home: g.Home, User: user, URL: g.Settings.BusURL, Port: g.Settings.BusPort, Log: g.Log}
+	return bus.ConnectConfig{Home: g.Home, User: user, URL: g.Settings.BusURL, Port: g.Settings.BusPort, Log: g.Log,
+		Watch: user == bus.UserCLI} // a CLI call learns at once when the service it waits for is gone
 }
 
 // NewRoot builds the root command with every CLI command; main adds up and serve.

@@ -23,6 +23,9 @@ type ConnectConfig struct {
 	Log zerolog.Logger
 	// Reconnect keeps retrying forever after the first connection (long-running services).
 	Reconnect bool
+	// Watch makes each request on the connection watch the service that took it, and end at
+	// once when that service is gone (the CLI's connection: see watchResponders).
+	Watch bool
 }
 
 // Connect dials the bus as one user with that user's credentials and private inbox prefix.
@@ -52,6 +55,7 @@ func Connect(ctx context.Context, cfg ConnectConfig) (*nats.Conn, error) {
 			}
 			ev.Msg("bus error")
 		}),
+		nats.ClosedHandler(func(nc *nats.Conn) { watchedConns.Delete(nc) }),
 	}
 	// A cluster node's bus speaks TLS only, on loopback too: trust its cluster's CA.
 	if tlsCfg, err := ClientTLS(cfg.Home); err != nil {
@@ -62,7 +66,9 @@ func Connect(ctx context.Context, cfg ConnectConfig) (*nats.Conn, error) {
 	if cfg.Reconnect {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(false))
 	} else {
-		opts = append(opts, nats.MaxReconnects(3), nats.ReconnectWait(200*time.Millisecond))
+		// Long enough to ride out a restart of the stack (about a second or two): a call in
+		// flight then learns what became of it (watchResponders) instead of "connection closed".
+		opts = append(opts, nats.MaxReconnects(16), nats.ReconnectWait(250*time.Millisecond))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
@@ -72,5 +78,8 @@ func Connect(ctx context.Context, cfg ConnectConfig) (*nats.Conn, error) {
 		return nil, errdefs.Unavailable("nexus: no bus at %s: start it with `nexus up` (or `nexus serve bus`)", url)
 	}
 	_ = ctx
+	if cfg.Watch {
+		watchedConns.Store(nc, struct{}{})
+	}
 	return nc, nil
 }

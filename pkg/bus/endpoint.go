@@ -62,6 +62,9 @@ type Endpoint[Req, Resp any] struct {
 	Scope Scope
 	// Verb is one or more dot-separated words: "list", "sandbox.create", "snapshot.remove".
 	Verb string
+	// Read says the verb changes nothing, so a call whose answer was lost to a restart of the
+	// service or of the bus connection is sent again (RequestAgain).
+	Read bool
 }
 
 // Route is what every endpoint has whatever its types: enough to list, permit and test it.
@@ -91,6 +94,9 @@ func (e Endpoint[Req, Resp]) Call(ctx context.Context, nc *nats.Conn, host strin
 	if e.Scope.PerHost && host == "" {
 		var zero Resp
 		return zero, errdefs.Invalid("%s: no host given for a per-host endpoint", e.Subject("<host>"))
+	}
+	if e.Read {
+		return RequestAgain[Resp](ctx, nc, e.Subject(host), req)
 	}
 	return Request[Resp](ctx, nc, e.Subject(host), req)
 }

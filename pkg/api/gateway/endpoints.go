@@ -18,8 +18,8 @@ type Lifecycle = bus.Endpoint[NamesRequest, []Result]
 // The worktree delegation endpoints are declared with their types in delegate.go.
 var (
 	Create = bus.Endpoint[CreateRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.create"}
-	Get    = bus.Endpoint[NameRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.get"}
-	List   = bus.Endpoint[ListRequest, []SandboxView]{Scope: bus.GatewayAPI, Verb: "sandbox.list"}
+	Get    = bus.Endpoint[NameRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.get", Read: true}
+	List   = bus.Endpoint[ListRequest, []SandboxView]{Scope: bus.GatewayAPI, Verb: "sandbox.list", Read: true}
 	Start  = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.start"}
 	Stop   = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.stop"}
 	Pause  = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.pause"}
@@ -27,27 +27,27 @@ var (
 	Remove = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.remove"}
 	Exec   = bus.Endpoint[ExecRequest, Empty]{Scope: bus.GatewayAPI, Verb: "sandbox.exec"}
 	Copy   = bus.Endpoint[CopyRequest, Empty]{Scope: bus.GatewayAPI, Verb: "sandbox.copy"}
-	Logs   = bus.Endpoint[LogsRequest, LogsResponse]{Scope: bus.GatewayAPI, Verb: "sandbox.logs"}
+	Logs   = bus.Endpoint[LogsRequest, LogsResponse]{Scope: bus.GatewayAPI, Verb: "sandbox.logs", Read: true}
 	Fork   = bus.Endpoint[ForkRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.fork"}
 	// Ports lists the port forwards of one sandbox by name, or of all when the name is empty.
-	Ports = bus.Endpoint[PortsRequest, []portfwdapi.Forward]{Scope: bus.GatewayAPI, Verb: "sandbox.ports"}
+	Ports = bus.Endpoint[PortsRequest, []portfwdapi.Forward]{Scope: bus.GatewayAPI, Verb: "sandbox.ports", Read: true}
 
 	// Images and Image are forwarded to the vmm of the gateway's host.
-	Images = bus.Endpoint[Empty, []vmmapi.ImageInfo]{Scope: bus.GatewayAPI, Verb: "image.list"}
+	Images = bus.Endpoint[Empty, []vmmapi.ImageInfo]{Scope: bus.GatewayAPI, Verb: "image.list", Read: true}
 	Image  = bus.Endpoint[vmmapi.ImageRequest, vmmapi.ImageInfo]{Scope: bus.GatewayAPI, Verb: "image.op"}
 
 	// The secret verbs are forwarded to credbroker, EgressShow asks the netstack too, and
 	// EgressExplain judges a request against a sandbox's perimeter without sending it.
 	SecretSet     = bus.Endpoint[credapi.SecretSetRequest, Empty]{Scope: bus.GatewayAPI, Verb: "secret.set"}
-	SecretList    = bus.Endpoint[Empty, credapi.SecretListResponse]{Scope: bus.GatewayAPI, Verb: "secret.list"}
+	SecretList    = bus.Endpoint[Empty, credapi.SecretListResponse]{Scope: bus.GatewayAPI, Verb: "secret.list", Read: true}
 	SecretRemove  = bus.Endpoint[credapi.SecretRemoveRequest, Empty]{Scope: bus.GatewayAPI, Verb: "secret.remove"}
-	EgressShow    = bus.Endpoint[NameRequest, EgressView]{Scope: bus.GatewayAPI, Verb: "egress.show"}
-	EgressExplain = bus.Endpoint[ExplainRequest, Explanation]{Scope: bus.GatewayAPI, Verb: "egress.explain"}
+	EgressShow    = bus.Endpoint[NameRequest, EgressView]{Scope: bus.GatewayAPI, Verb: "egress.show", Read: true}
+	EgressExplain = bus.Endpoint[ExplainRequest, Explanation]{Scope: bus.GatewayAPI, Verb: "egress.explain", Read: true}
 
 	SnapshotCreate = bus.Endpoint[SnapshotCreateRequest, *Snapshot]{Scope: bus.GatewayAPI, Verb: "snapshot.create"}
-	SnapshotList   = bus.Endpoint[Empty, []SnapshotView]{Scope: bus.GatewayAPI, Verb: "snapshot.list"}
+	SnapshotList   = bus.Endpoint[Empty, []SnapshotView]{Scope: bus.GatewayAPI, Verb: "snapshot.list", Read: true}
 	SnapshotRemove = bus.Endpoint[SnapshotRemoveRequest, Empty]{Scope: bus.GatewayAPI, Verb: "snapshot.remove"}
-	VolumeList     = bus.Endpoint[Empty, []VolumeView]{Scope: bus.GatewayAPI, Verb: "volume.list"}
+	VolumeList     = bus.Endpoint[Empty, []VolumeView]{Scope: bus.GatewayAPI, Verb: "volume.list", Read: true}
 	VolumeRemove   = bus.Endpoint[VolumeRemoveRequest, Empty]{Scope: bus.GatewayAPI, Verb: "volume.remove"}
 )
 
