@@ -16,8 +16,9 @@ import (
 
 // The lease watchdog (DESIGN §2, KV nexus_leases): an ephemeral sandbox lives only while the
 // caller that launched it refreshes the lease key <sandbox id>. The sweep keeps no state of its
-// own — it reads the registry and the bucket each time — so a restarted gateway picks up where
-// the last one stopped.
+// own — it reads the registry's watched cache and a watched cache of the bucket (registry_cache.go),
+// not every record per sweep, and confirms a lapsed lease with a read of its key before it acts —
+// so a restarted gateway picks up where the last one stopped.
 var (
 	// LeaseSweepEvery is how often ephemeral sandboxes are checked.
 	LeaseSweepEvery = time.Second
@@ -36,6 +37,7 @@ type leaseWatchdog struct {
 	since  time.Time       // when this watchdog started
 	g      *Service
 	kv     jetstream.KeyValue
+	leases *registryCache // the bucket, as a watch delivers it: when each lease was last refreshed
 	mu     sync.Mutex
 	active map[string]bool // sandbox ids being removed by this process
 	wg     sync.WaitGroup
@@ -55,6 +57,10 @@ func (g *Service) watchLeases(ctx context.Context) {
 				g.log.Warn().Err(err).Msg("lease watchdog: cannot bind the leases bucket")
 			}
 			w.kv = kv
+			if kv != nil {
+				w.leases = newRegistryCache()
+				go followKV(ctx, g.cfg.Bus, kv, w.leases)
+			}
 		}
 		if w.kv != nil {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -76,32 +82,36 @@ func (w *leaseWatchdog) sweep(ctx context.Context, now time.Time) {
 	if now.Sub(w.since) < LeaseGrace {
 		return
 	}
-	all, err := w.g.reg.List(ctx, nil)
+	all, err := w.g.reg.View(ctx, nil) // read only: a sandbox to remove is copied first
 	if err != nil {
 		w.g.log.Warn().Err(err).Msg("lease watchdog: cannot list the registry")
 		return
 	}
-	for _, sb := range all {
-		if w.busy(sb.ID) {
+	for _, view := range all {
+		if w.busy(view.ID) {
 			continue
 		}
-		if expired(sb, now) {
-			w.remove(sb, fmt.Sprintf("its --ttl expired at %s", sb.ExpiresAt.Format(time.RFC3339)))
+		sb := func() *api.Sandbox { cp := *view; return &cp }
+		if expired(view, now) {
+			w.remove(sb(), fmt.Sprintf("its --ttl expired at %s", view.ExpiresAt.Format(time.RFC3339)))
 			continue
 		}
-		if !sb.Ephemeral || !dueForLeaseCheck(sb, now) {
+		if !view.Ephemeral || !dueForLeaseCheck(view, now) {
 			continue
 		}
-		_, err := w.kv.Get(ctx, sb.ID)
+		if at, ok := w.leases.storedAt(view.ID); ok && now.Sub(at) < bus.LeaseTTL-time.Second {
+			continue // refreshed lately, as the watch saw it
+		}
+		_, err := w.kv.Get(ctx, view.ID)
 		if err == nil {
 			continue // the caller is alive
 		}
 		if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			// The bucket did not answer: never remove a sandbox on a guess.
-			w.g.log.Warn().Err(err).Str("sandbox", sb.Name).Msg("lease watchdog: cannot read the lease")
+			w.g.log.Warn().Err(err).Str("sandbox", view.Name).Msg("lease watchdog: cannot read the lease")
 			continue
 		}
-		w.remove(sb, "it lost its caller's lease (ephemeral)")
+		w.remove(sb(), "it lost its caller's lease (ephemeral)")
 	}
 }
 

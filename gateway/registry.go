@@ -30,9 +30,11 @@ type Registry struct {
 	now func() time.Time
 	// home is where the bus keeps its store, named when a write fails for a full disk.
 	home string
+	// cache serves the listings, fed by a watch of the bucket (registry_cache.go).
+	cache *registryCache
 }
 
-// NewRegistry binds to the registry bucket.
+// NewRegistry binds to the registry bucket, and follows it (registry_cache.go) until ctx ends.
 func NewRegistry(ctx context.Context, nc *nats.Conn) (*Registry, error) {
 	kv, err := bus.KV(ctx, nc, bus.KVSandboxes)
 	if err != nil {
@@ -42,7 +44,9 @@ func NewRegistry(ctx context.Context, nc *nats.Conn) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Registry{kv: kv, js: js, now: time.Now}, nil
+	r := &Registry{kv: kv, js: js, now: time.Now, cache: newRegistryCache()}
+	go followKV(ctx, nc, kv, r.cache)
+	return r, nil
 }
 
 // NewID returns a fresh sandbox id: short, random, safe in subjects and paths.
@@ -74,6 +78,7 @@ func (r *Registry) Create(ctx context.Context, sb *api.Sandbox) error {
 		return fmt.Errorf("registry: create %s: %w", sb.Name, bus.StoreError(err, r.home))
 	}
 	sb.Revision = rev
+	r.cache.put(sb.Name, b, rev)
 	r.event(ctx, sb, "", api.StateCreated, "")
 	return nil
 }
@@ -123,8 +128,35 @@ func (r *Registry) didYouMean(ctx context.Context, name string) string {
 	return "; did you mean " + strings.Join(near, " or ") + "?"
 }
 
-// List returns the records matching sel, sorted by name.
+// List returns the records matching sel, sorted by name: from the cache that a watch of the
+// bucket keeps, or (while it is not loaded) read key by key.
 func (r *Registry) List(ctx context.Context, sel api.Selector) ([]*api.Sandbox, error) {
+	return r.list(ctx, sel, false)
+}
+
+// View is List for a reader that changes nothing it gets: the records may be shared with other
+// readers (decoded once per revision), so the 10,000 of a large registry are not decoded per
+// call.
+func (r *Registry) View(ctx context.Context, sel api.Selector) ([]*api.Sandbox, error) {
+	return r.list(ctx, sel, true)
+}
+
+func (r *Registry) list(ctx context.Context, sel api.Selector, shared bool) ([]*api.Sandbox, error) {
+	out, ok, err := r.listCached(ctx, sel, shared)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if out, err = r.scan(ctx, sel); err != nil {
+			return nil, err
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// scan reads every record of the bucket, one key at a time.
+func (r *Registry) scan(ctx context.Context, sel api.Selector) ([]*api.Sandbox, error) {
 	// Not bounded by StoreTimeout: the listing lives as long as the loop below reads it.
 	lister, err := r.kv.ListKeys(ctx)
 	if err != nil {
@@ -144,7 +176,6 @@ func (r *Registry) List(ctx context.Context, sel api.Selector) ([]*api.Sandbox, 
 			out = append(out, sb)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
@@ -168,6 +199,7 @@ func (r *Registry) Update(ctx context.Context, sb *api.Sandbox) error {
 		return fmt.Errorf("registry: update %s: %w", sb.Name, bus.StoreError(err, r.home))
 	}
 	sb.Revision = rev
+	r.cache.put(sb.Name, b, rev)
 	return nil
 }
 
@@ -208,6 +240,7 @@ func (r *Registry) Delete(ctx context.Context, sb *api.Sandbox) error {
 		}
 		return fmt.Errorf("registry: delete %s: %w", sb.Name, bus.StoreError(err, r.home))
 	}
+	r.cache.remove(sb.Name, sb.Revision)
 	r.event(ctx, sb, sb.State, "", "removed")
 	return nil
 }

@@ -483,7 +483,7 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 	if err != nil {
 		return nil, err
 	}
-	all, err := g.reg.List(ctx, sel)
+	all, err := g.reg.View(ctx, sel) // read only: each becomes a view below
 	if err != nil {
 		return nil, err
 	}

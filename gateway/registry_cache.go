@@ -1,0 +1,235 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+)
+
+// registryCache is the registry as a KV watch delivered it: each record's stored JSON and
+// revision, by name. It serves the listings (ps, the lease watchdog, reconcile, the sweeps), so
+// that none reads every key of the bucket per call; a single read and every write still go to
+// the bucket, revision-checked. A write this process made is applied to it at once (the watch
+// brings the same revision later, and it is skipped), so a listing right after a write sees it.
+// When the bus connection was re-established the watch is started again from nothing (a fresh
+// initial load), and until that load is done listings read the bucket as before.
+type registryCache struct {
+	mu    sync.Mutex
+	recs  map[string]cached
+	tombs map[string]uint64 // removed names: a put at or below this revision is older news
+	live  bool              // the initial load of the current watch is done
+	ready chan struct{}     // closed when live first became true
+	once  sync.Once
+}
+
+type cached struct {
+	name string
+	data []byte
+	rev  uint64
+	at   time.Time    // when the bus stored it
+	view *api.Sandbox // data decoded once, shared by every View: never changed
+}
+
+func newRegistryCache() *registryCache {
+	return &registryCache{recs: map[string]cached{}, tombs: map[string]uint64{}, ready: make(chan struct{})}
+}
+
+// put records data at rev unless the cache already has that revision or a later one, or the
+// name was removed at or after it.
+func (c *registryCache) put(name string, data []byte, rev uint64) {
+	c.putAt(name, data, rev, time.Now())
+}
+
+func (c *registryCache) putAt(name string, data []byte, rev uint64, at time.Time) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.recs[name]; ok && cur.rev >= rev {
+		return
+	}
+	if t, ok := c.tombs[name]; ok && t >= rev {
+		return
+	}
+	c.recs[name] = cached{name: name, data: data, rev: rev, at: at}
+}
+
+// remove forgets name; a put at or below rev that arrives later is ignored.
+func (c *registryCache) remove(name string, rev uint64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.recs[name]; ok && cur.rev > rev {
+		return // re-created after this removal
+	}
+	delete(c.recs, name)
+	if c.tombs[name] < rev {
+		c.tombs[name] = rev
+	}
+}
+
+// load replaces everything with what a watch's initial load delivered, and makes the cache
+// live.
+func (c *registryCache) load(recs map[string]cached) {
+	c.mu.Lock()
+	c.recs, c.tombs, c.live = recs, map[string]uint64{}, true
+	c.mu.Unlock()
+	c.once.Do(func() { close(c.ready) })
+}
+
+// stale stops the cache serving listings until the next initial load.
+func (c *registryCache) stale() {
+	c.mu.Lock()
+	c.live = false
+	c.mu.Unlock()
+}
+
+// snapshot returns the stored records, or false while the cache is not live. With views, each
+// carries its shared decoded record (decoded now if it was not yet; a damaged one carries none).
+func (c *registryCache) snapshot(views bool) ([]cached, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.live {
+		return nil, false
+	}
+	out := make([]cached, 0, len(c.recs))
+	for name, r := range c.recs {
+		if views && r.view == nil {
+			sb := &api.Sandbox{}
+			if json.Unmarshal(r.data, sb) == nil {
+				sb.Revision = r.rev
+				r.view = sb
+				c.recs[name] = r
+			}
+		}
+		if !views {
+			r.view = nil
+		}
+		out = append(out, r)
+	}
+	return out, true
+}
+
+// waitLive waits (at most wait) for the first initial load, and says whether the cache is live.
+func (c *registryCache) waitLive(ctx context.Context, wait time.Duration) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.live
+}
+
+// cacheResync is how often the watch checks that the bus connection was not re-established
+// under it (a variable for the tests).
+var cacheResync = time.Second
+
+// followKV keeps cache true to the bucket kv until ctx ends: a watch of every key, its initial
+// load swapped in whole, then each change applied; started again from nothing when it ends or
+// the connection was re-established (changes may have been missed meanwhile).
+func followKV(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *registryCache) {
+	for ctx.Err() == nil && !nc.IsClosed() {
+		watchOnce(ctx, nc, kv, cache)
+		cache.stale()
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *registryCache) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reconnects := nc.Stats().Reconnects
+	w, err := kv.WatchAll(wctx)
+	if err != nil {
+		return
+	}
+	defer w.Stop()
+	t := time.NewTicker(cacheResync)
+	defer t.Stop()
+	initial := map[string]cached{}
+	loading := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if nc.Stats().Reconnects != reconnects || !nc.IsConnected() {
+				return
+			}
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			switch {
+			case e == nil: // the initial load is done
+				if loading {
+					cache.load(initial)
+					loading, initial = false, nil
+				}
+			case loading && e.Operation() == jetstream.KeyValuePut:
+				initial[e.Key()] = cached{name: e.Key(), data: e.Value(), rev: e.Revision(), at: e.Created()}
+			case loading:
+				delete(initial, e.Key())
+			case e.Operation() == jetstream.KeyValuePut:
+				cache.putAt(e.Key(), e.Value(), e.Revision(), e.Created())
+			default:
+				cache.remove(e.Key(), e.Revision())
+			}
+		}
+	}
+}
+
+// storedAt says when the bus stored key, or false when the cache is not live or has no key.
+func (c *registryCache) storedAt(key string) (time.Time, bool) {
+	if c == nil {
+		return time.Time{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.recs[key]
+	return r.at, ok && c.live
+}
+
+// listCached is List served from the cache, or false while it is not live. shared returns the
+// cache's own decoded records (View); otherwise each is decoded afresh, the caller's to change.
+func (r *Registry) listCached(ctx context.Context, sel api.Selector, shared bool) ([]*api.Sandbox, bool, error) {
+	if r.cache == nil || !r.cache.waitLive(ctx, 5*time.Second) {
+		return nil, false, nil
+	}
+	recs, ok := r.cache.snapshot(shared)
+	if !ok {
+		return nil, false, nil
+	}
+	out := make([]*api.Sandbox, 0, len(recs))
+	for _, c := range recs {
+		sb := c.view
+		if sb == nil {
+			sb = &api.Sandbox{}
+			if err := json.Unmarshal(c.data, sb); err != nil {
+				return nil, true, fmt.Errorf("registry: record %s is damaged: %w", c.name, err)
+			}
+			sb.Revision = c.rev
+		}
+		if sel.Matches(sb.Labels) {
+			out = append(out, sb)
+		}
+	}
+	return out, true, nil
+}
