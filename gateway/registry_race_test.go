@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/home"
 )
 
 // twoGateways are the registries of two gateways on one bus, each over its own connection.
@@ -191,4 +194,70 @@ func mustGet(t *testing.T, ctx context.Context, r *Registry, name string) *api.S
 		t.Fatal(err)
 	}
 	return sb
+}
+
+// A bus restarted under a gateway: changes made while its connection was down are in its
+// listings once it is back (the watch is loaded again whole after the reconnect).
+func TestRegistryCacheResyncsAfterBusRestart(t *testing.T) {
+	h := home.Dir(testutil.IsolateHome(t))
+	port, err := testutil.BusPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() *bus.Server {
+		t.Helper()
+		srv, err := bus.StartServer(context.Background(), bus.ServerConfig{Home: h, Port: port, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	srv := start()
+	defer func() { srv.Shutdown() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: h, User: bus.UserGateway, URL: srv.URL(), Reconnect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reg, err := NewRegistry(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Create(ctx, &api.Sandbox{Name: "resync/kept", Image: "nexus-mini", Host: bus.LocalHost}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	srv = start()
+	other, err := bus.Connect(ctx, bus.ConnectConfig{Home: h, User: bus.UserGateway, URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	writer, err := NewRegistry(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Create(ctx, &api.Sandbox{Name: "resync/new", Image: "nexus-mini", Host: bus.LocalHost}); err != nil {
+		t.Fatal(err)
+	}
+	// Well within the time the watch would take to notice on its own (its consumer's heartbeat).
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		list, err := reg.List(ctx, nil)
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, sb := range list {
+			names = append(names, sb.Name)
+		}
+		if fmt.Sprint(names) != "[resync/kept resync/new]" {
+			return fmt.Errorf("after the bus restarted the gateway lists %v", names)
+		}
+		if !reg.cache.waitLive(ctx, 0) {
+			return errors.New("the cache is not loaded again")
+		}
+		return nil
+	})
 }

@@ -83,6 +83,7 @@ runs=(
 	"./e2e/bench ExecTrue|Keystroke|Clone|ExecAPI 200x"
 	"./e2e/bench GuestNet 1x"
 	"./e2e/bench NoisyNeighbour 1x"
+	"./gateway PS10000 3x"
 	"./services/mitm . 2s"
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"
