@@ -79,7 +79,7 @@ out=$(mktemp)
 # machine, not after twenty forks have just been torn down.
 runs=(
 	"./e2e/bench ^BenchmarkBoot$ 3x"
-	"./e2e/bench IdleMemory|Create10|Fork|Pause 3x"
+	"./e2e/bench IdleMemory|Create10|Fork|Pause|CreateFirstExecImage 3x"
 	"./e2e/bench ExecTrue|Keystroke|Clone|ExecAPI 200x"
 	"./e2e/bench GuestNet 1x"
 	"./e2e/bench NoisyNeighbour 1x"

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ ENV APP_HOME=/srv/app \
 WORKDIR $APP_HOME
 COPY app/ ./
 COPY --chmod=0640 app/hello.txt /etc/hello
-RUN echo "$GREETING from run in $(pwd)" > built.txt && id -u > uid.txt
+RUN echo "$GREETING from run in $(pwd)" > built.txt && id -u > uid.txt && mkdir /srv/data && chown 1000 /srv/data
 USER 1000
 LABEL org.example.built=yes
 EXPOSE 8080
@@ -129,6 +130,38 @@ func TestDockerfileBuild(t *testing.T) {
 	}
 	if strings.Contains(out, "debug.log") || strings.Contains(out, "secret") {
 		t.Errorf(".dockerignore'd files were copied:\n%s", out)
+	}
+
+	// The running sandbox's disk becomes an image (flushed, paused for the copy, resumed).
+	stack.MustNexus(t, "exec", box, "--", "sh", "-c", "echo saved live > /srv/data/live.txt")
+	live := imageJSON(t, "image", "save", box, "saved/app:live")
+	if b, err := exec.Command("debugfs", "-R", "cat /srv/data/live.txt", live.Path).Output(); err != nil || string(b) != "saved live\n" {
+		t.Errorf("the saved disk has live.txt = %q, %v", b, err)
+	}
+	if live.WorkingDir != "/srv/app" || strings.Join(live.Cmd, " ") != "cat built.txt" {
+		t.Errorf("the saved image lost its base's config: %+v", live)
+	}
+	if o := stack.MustNexus(t, "exec", box, "--", "cat", "/srv/data/live.txt"); o != "saved live\n" {
+		t.Errorf("the sandbox after save: %q", o)
+	}
+	// image save -o writes a docker save tarball that image import reads back.
+	tarball := filepath.Join(t.TempDir(), "app.tar")
+	stack.MustNexus(t, "image", "save", "built/app:1", "-o", tarball)
+	// From stdin it streams over the bus to the vmm, wherever that runs.
+	archive, err := os.ReadFile(tarball)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = stack.NexusIn(t, archive, "image", "import", "-", "reimported/app:1", "--json")
+	var back vmmapi.ImageInfo
+	if err := json.Unmarshal([]byte(out), &back); code != 0 || err != nil {
+		t.Fatalf("image import -: exit %d, %v: %s", code, err, errOut)
+	}
+	if back.WorkingDir != "/srv/app" || back.User != "1000" || back.Labels["org.example.built"] != "yes" {
+		t.Errorf("imported back %+v", back)
+	}
+	if b, err := exec.Command("debugfs", "-R", "cat /srv/app/built.txt", back.Path).Output(); err != nil || string(b) != "hi from run in /srv/app\n" {
+		t.Errorf("the imported root has built.txt = %q, %v", b, err)
 	}
 
 	// Unchanged: every step cached, the same image, no builder.

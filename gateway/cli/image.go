@@ -21,6 +21,7 @@ import (
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/stream"
 )
 
 func imageCommand() *cobra.Command {
@@ -128,20 +129,23 @@ func imageCommand() *cobra.Command {
 				r.Name = args[1]
 			}
 			file := args[0]
-			if file == "-" {
-				f, err := os.CreateTemp("", "nexus-import-*.tar")
+			if file == "-" { // streamed to the vmm, wherever it runs
+				c, _, err := dial(cmd)
 				if err != nil {
 					return err
 				}
-				defer os.Remove(f.Name())
-				_, err = io.Copy(f, cmd.InOrStdin())
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
+				r.SID = stream.NewID()
+				sess, err := stream.Client(c.Conn(), r.SID)
 				if err != nil {
-					return fmt.Errorf("image import: reading stdin: %w", err)
+					return err
 				}
-				file = f.Name()
+				defer sess.Close()
+				go sendArchive(sess, cmd.InOrStdin())
+				info, err := imageWithProgress(cmd, r, "importing stdin")
+				if err != nil {
+					return err
+				}
+				return printImage(cmd, info)
 			}
 			abs, err := filepath.Abs(file)
 			if err != nil {
@@ -427,4 +431,26 @@ func saveCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the image to FILE (- for stdout) as a docker save tarball")
 	return cmd
+}
+
+// sendArchive streams r on sess once the vmm says it is ready, then closes its stdin.
+func sendArchive(sess *stream.Session, r io.Reader) {
+	if m, err := sess.Recv(); err != nil || m.Kind != stream.KindStdout {
+		return
+	}
+	buf := make([]byte, stream.MaxChunk)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && sess.Write(stream.KindStdin, buf[:n]) != nil {
+			return
+		}
+		if errors.Is(err, io.EOF) {
+			sess.Send(stream.KindStdinClose, nil)
+			return
+		}
+		if err != nil { // the vmm sees the stream end early: no truncated archive is imported
+			sess.Close()
+			return
+		}
+	}
 }

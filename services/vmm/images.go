@@ -15,6 +15,7 @@ import (
 	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/stream"
 	"github.com/IniZio/nexus/services/vmm/guest"
 	"github.com/IniZio/nexus/services/vmm/image"
 )
@@ -121,6 +122,14 @@ func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo,
 		}
 		return imageInfo(info), nil
 	case "import":
+		if r.SID != "" { // the archive comes over the caller's stream session (import -)
+			file, err := s.receiveArchive(r)
+			if err != nil {
+				return api.ImageInfo{}, err
+			}
+			defer os.Remove(file)
+			r.File = file
+		}
 		info, err := image.Import(ctx, s.cfg.Home, s.cfg.CacheDir, r.File, r.Name, s.pullOptions(r), s.imageProgress(r.Progress))
 		if err != nil {
 			return api.ImageInfo{}, err
@@ -326,4 +335,56 @@ func (s *Service) quiesce(ctx context.Context, m *machine) (func(), error) {
 		now := time.Now()
 		m.agent.Configure(rctx, agentproto.ConfigureRequest{Time: &now})
 	}, nil
+}
+
+// receiveArchive writes the archive the caller streams on session r.SID into a file of the
+// images directory, which the caller removes. It says "ready" first, so nothing is sent before
+// this side listens; the archive is bounded like what it unpacks to.
+func (s *Service) receiveArchive(r api.ImageRequest) (string, error) {
+	limit := r.MaxBytes
+	if limit <= 0 {
+		limit = image.DefaultMaxBytes
+	}
+	if err := os.MkdirAll(s.cfg.Home.Images(), 0o755); err != nil {
+		return "", err
+	}
+	sess, err := stream.Server(s.cfg.Bus, r.SID)
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	f, err := os.CreateTemp(s.cfg.Home.Images(), ".import-*.tar")
+	if err != nil {
+		return "", err
+	}
+	fail := func(err error) (string, error) {
+		f.Close()
+		os.Remove(f.Name())
+		return "", err
+	}
+	if err := sess.Write(stream.KindStdout, []byte("ready")); err != nil {
+		return fail(err)
+	}
+	var n int64
+	for {
+		m, err := sess.Recv()
+		if err != nil {
+			return fail(fmt.Errorf("image import: the archive stream ended early: %w", err))
+		}
+		switch m.Kind {
+		case stream.KindStdin:
+			if n += int64(len(m.Data)); n > limit {
+				return fail(errdefs.Invalid("image import: the archive is larger than %d MiB (--max-size raises it)", limit>>20))
+			}
+			if _, err := f.Write(m.Data); err != nil {
+				return fail(fmt.Errorf("image import: %w", err))
+			}
+		case stream.KindStdinClose:
+			if err := f.Close(); err != nil {
+				os.Remove(f.Name())
+				return "", fmt.Errorf("image import: %w", err)
+			}
+			return f.Name(), nil
+		}
+	}
 }

@@ -313,6 +313,9 @@ type ImageRequest struct {
 	// File is the tarball or OCI layout to import, or the tarball save writes, a path on the
 	// vmm's host.
 	File string `json:"file,omitempty"`
+	// SID, for an import, is a stream session the archive comes over instead of File (import -,
+	// whatever host the CLI is on): the vmm sends "ready" on it, then reads stdin to its close.
+	SID string `json:"sid,omitempty"`
 	// Pull options: registry credentials (else the user's docker config) and plain HTTP.
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
