@@ -387,8 +387,7 @@ func saveCommand() *cobra.Command {
 				var base *vmmapi.ImageConfig
 				if sb, err := c.Get(cmd.Context(), args[0]); err == nil {
 					if bi, err := c.Image(cmd.Context(), vmmapi.ImageRequest{Op: "inspect", Name: sb.Image}); err == nil {
-						base = &vmmapi.ImageConfig{Env: bi.Env, WorkingDir: bi.WorkingDir, User: bi.User, Entrypoint: bi.Entrypoint,
-							Cmd: bi.Cmd, Labels: bi.Labels, ExposedPorts: bi.ExposedPorts}
+						base = bi.ImageConfig()
 					}
 				}
 				info, err := imageWithProgress(cmd, vmmapi.ImageRequest{Op: "commit", Sandbox: args[0], Name: args[1], Config: base,

@@ -153,8 +153,7 @@ func runDockerBuild(cmd *cobra.Command, o dockerBuild) (vmmapi.ImageInfo, error)
 	if err != nil {
 		return vmmapi.ImageInfo{}, fmt.Errorf("image build: %s:%d: FROM %s: %w", label, fromIns.Line, fromRef, err)
 	}
-	steps, err := dockerfile.Plan(label, ins, args, dockerfile.Config{Env: base.Env, WorkingDir: base.WorkingDir,
-		User: base.User, Entrypoint: base.Entrypoint, Cmd: base.Cmd, Labels: base.Labels, ExposedPorts: base.ExposedPorts})
+	steps, err := dockerfile.Plan(label, ins, args, *base.ImageConfig())
 	if err != nil {
 		return vmmapi.ImageInfo{}, errdefs.Invalid("image build: %v", err)
 	}
@@ -211,9 +210,7 @@ func runDockerBuild(cmd *cobra.Command, o dockerBuild) (vmmapi.ImageInfo, error)
 		b.report(BuildProgress{Step: b.stepOf(i + 1), Line: steps[i].Line, Instruction: steps[i].Text, Status: "cached"})
 	}
 	final := steps[len(steps)-1].Config
-	commit := vmmapi.ImageRequest{Op: "commit", Name: o.tag, BuildKey: keys[len(keys)-1], Source: "build " + label,
-		Config: &vmmapi.ImageConfig{Env: final.Env, WorkingDir: final.WorkingDir, User: final.User, Entrypoint: final.Entrypoint,
-			Cmd: final.Cmd, Labels: final.Labels, ExposedPorts: final.ExposedPorts}}
+	commit := vmmapi.ImageRequest{Op: "commit", Name: o.tag, BuildKey: keys[len(keys)-1], Source: "build " + label, Config: &final}
 	needVM := false
 	for _, st := range steps[start+1:] {
 		needVM = needVM || st.NeedsBuilder()

@@ -7,20 +7,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 )
 
-// Config is an image's config as a build leaves it: the defaults of nexus exec.
-type Config struct {
-	Env          []string          `json:"env,omitempty"`
-	WorkingDir   string            `json:"working_dir,omitempty"`
-	User         string            `json:"user,omitempty"`
-	Entrypoint   []string          `json:"entrypoint,omitempty"`
-	Cmd          []string          `json:"cmd,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	ExposedPorts []string          `json:"exposed_ports,omitempty"`
-}
+// Config is an image's config as a build leaves it: the defaults of nexus exec, as the vmm
+// records them.
+type Config = vmmapi.ImageConfig
 
-func (c Config) clone() Config {
+func cloneConfig(c Config) Config {
 	c.Env, c.Entrypoint, c.Cmd, c.ExposedPorts = slices.Clone(c.Env), slices.Clone(c.Entrypoint), slices.Clone(c.Cmd), slices.Clone(c.ExposedPorts)
 	if c.Labels != nil {
 		l := make(map[string]string, len(c.Labels))
@@ -140,7 +135,7 @@ func Plan(file string, ins []Instruction, buildArgs map[string]string, base Conf
 	if i < 0 {
 		return nil, fmt.Errorf("%s: no FROM", file)
 	}
-	cfg := base.clone()
+	cfg := cloneConfig(base)
 	args := map[string]string{} // ARGs of this stage
 	cmdSet := false
 	var steps []Step
@@ -278,7 +273,7 @@ func Plan(file string, ins []Instruction, buildArgs map[string]string, base Conf
 				return nil, bad("--chown=%s: USER[:GROUP]", st.Chown)
 			}
 		}
-		st.Config = cfg.clone()
+		st.Config = cloneConfig(cfg)
 		steps = append(steps, st)
 	}
 	return steps, nil

@@ -246,16 +246,11 @@ func execDefaults(r *api.ExecRequest, c *image.Config) {
 // into a new raw ext4, so the image depends on nothing), or of a base image's root under a new
 // config. The digest comes from the build's cache key, else from the sandbox and the time.
 func (s *Service) commit(ctx context.Context, r api.ImageRequest) (*image.Info, error) {
-	var cfg *image.Config
-	if c := r.Config; c != nil {
-		cfg = &image.Config{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd,
-			Labels: c.Labels, ExposedPorts: c.ExposedPorts}
-	}
 	key := r.BuildKey
 	if key == "" {
 		key = r.Sandbox + "@" + time.Now().UTC().Format(time.RFC3339Nano)
 	}
-	o := image.CommitOptions{Name: r.Name, Digest: api.BuildDigest(key), Source: r.Source, Config: cfg}
+	o := image.CommitOptions{Name: r.Name, Digest: api.BuildDigest(key), Source: r.Source, Config: r.Config}
 	if o.Source == "" {
 		o.Source = "commit " + r.Sandbox
 	}

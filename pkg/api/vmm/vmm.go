@@ -347,6 +347,12 @@ type ImageConfig struct {
 	ExposedPorts []string          `json:"exposed_ports,omitempty"`
 }
 
+// ImageConfig returns the exec defaults an image's record carries.
+func (i ImageInfo) ImageConfig() *ImageConfig {
+	return &ImageConfig{Env: i.Env, WorkingDir: i.WorkingDir, User: i.User, Entrypoint: i.Entrypoint, Cmd: i.Cmd,
+		Labels: i.Labels, ExposedPorts: i.ExposedPorts}
+}
+
 // BuildDigest is the digest of the image a build with cache key key makes. It is a hash of a
 // hash under a prefix of its own, so no build can claim a pulled image's digest.
 func BuildDigest(key string) string {

@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	api "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/atomicfile"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
@@ -70,17 +71,9 @@ type Info struct {
 	Path        string    `json:"-"`
 }
 
-// Config is what an OCI image's config says about running it: the defaults of nexus exec.
-type Config struct {
-	Env        []string          `json:"env,omitempty"`
-	WorkingDir string            `json:"working_dir,omitempty"`
-	User       string            `json:"user,omitempty"`
-	Entrypoint []string          `json:"entrypoint,omitempty"`
-	Cmd        []string          `json:"cmd,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
-	// ExposedPorts are a built image's EXPOSE ports (PORT/tcp), for information.
-	ExposedPorts []string `json:"exposed_ports,omitempty"`
-}
+// Config is what an image's config says about running it: the defaults of nexus exec (an OCI
+// image's config, or what a Dockerfile build set). It is the wire type, so it passes as is.
+type Config = api.ImageConfig
 
 // DateTag is the tag a built-in image's build carries besides latest.
 func DateTag(built time.Time) string { return built.UTC().Format("20060102") }
