@@ -42,26 +42,7 @@ func BenchmarkFork(b *testing.B) {
 	ctx := context.Background()
 	var cold, forked time.Duration
 	b.Run("cold-create-to-first-exec", func(b *testing.B) {
-		i := 0
-		var total time.Duration
-		for b.Loop() {
-			name := fmt.Sprintf("bench/cold-%d", i)
-			i++
-			t0 := time.Now()
-			cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-			if _, err := client.Create(cctx, api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: 256, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
-				b.Fatal(err)
-			}
-			if err := exec(cctx, name, "true"); err != nil {
-				b.Fatal(err)
-			}
-			total += time.Since(t0)
-			cancel()
-			b.StopTimer()
-			remove(name)
-			b.StartTimer()
-		}
-		cold = total / time.Duration(b.N)
+		cold = createToFirstExec(b, "cold", "nexus-mini")
 		b.ReportMetric(float64(cold.Milliseconds()), "ms/create")
 	})
 	b.Run("fork-to-first-exec", func(b *testing.B) {

@@ -54,26 +54,7 @@ func BenchmarkBoot(b *testing.B) {
 		b.ReportMetric(float64(bare.Milliseconds()), "ms/boot")
 	})
 	b.Run("create-to-first-exec", func(b *testing.B) {
-		i := 0
-		var total time.Duration
-		for b.Loop() {
-			name := fmt.Sprintf("bench/boot-%d", i)
-			i++
-			t0 := time.Now()
-			cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-			if _, err := client.Create(cctx, api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: 256, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
-				b.Fatal(err)
-			}
-			if err := exec(cctx, name, "true"); err != nil {
-				b.Fatal(err)
-			}
-			total += time.Since(t0)
-			cancel()
-			b.StopTimer()
-			remove(name)
-			b.StartTimer()
-		}
-		full = total / time.Duration(b.N)
+		full = createToFirstExec(b, "boot", "nexus-mini")
 		b.ReportMetric(float64(full.Milliseconds()), "ms/boot")
 		if bare > 0 {
 			b.ReportMetric(float64(full)/float64(bare), "x-bare")
