@@ -7,15 +7,18 @@ import (
 	"time"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/policy"
 )
 
 // egressApply serves `nexus egress apply`: the hosts and request policy of the project's
-// .nexus/config.yaml, read again, replace those of the config the sandbox was created with.
-// What is minted or sized at create (egress.secrets, egress.allow_private, egress.limits) is
-// refused when it changed: the sandbox must be created again for those.
+// .nexus/config.yaml, read again, replace those of the config the sandbox was created with, and
+// so do its egress.limits (those a create flag set stay). egress.secrets (placeholders are
+// minted into the guest at create) and egress.allow_private (a widening a file in the agent's
+// work tree must not make on a running sandbox) are refused when they changed: the sandbox must
+// be created again for those.
 func (g *Service) egressApply(ctx context.Context, r api.EgressApplyRequest) (api.EgressChange, error) {
 	if r.Via == ViaMCP {
 		return api.EgressChange{}, errdefs.Refused("egress apply is not offered over MCP")
@@ -44,9 +47,12 @@ func (g *Service) egressApply(ctx context.Context, r api.EgressApplyRequest) (ap
 			return errdefs.Invalid("egress apply: egress.secrets in %s differ from sandbox %s's: placeholders are minted at create, so create it again to change them", c.Source, sb.Name)
 		case !slices.Equal(old.Egress.AllowPrivate, c.Egress.AllowPrivate):
 			return errdefs.Invalid("egress apply: egress.allow_private in %s differs from sandbox %s's: create it again to change it", c.Source, sb.Name)
-		case old.Egress.Limits != c.Egress.Limits:
-			return errdefs.Invalid("egress apply: egress.limits in %s differ from sandbox %s's: create it again to change them", c.Source, sb.Name)
 		}
+		limits := reappliedLimits(sb.Egress.Limits, old.Egress.Limits, c.Egress.Limits)
+		if err := limits.Validate(); err != nil {
+			return errdefs.Invalid("egress apply: egress.limits in %s: %v", c.Source, err)
+		}
+		sb.Egress.Limits = limits
 		oldRules, err := policy.ParseRules(old.Hosts())
 		if err != nil {
 			return errdefs.Invalid("sandbox %s: recorded config: %v", sb.Name, err)
@@ -85,4 +91,23 @@ func (g *Service) egressApply(ctx context.Context, r api.EgressApplyRequest) (ap
 		return ch, nil
 	}
 	return g.changeEgress(ctx, r.Name, RuleEgressApply, "", cleanBy(r.By, r.Via), "apply "+c.Source, nil, mutate)
+}
+
+// reappliedLimits are a sandbox's recorded budgets rec (its create-time config's, oldCfg,
+// under its flags) with the budgets the config set replaced by newCfg's: a budget whose
+// recorded value is not the old config's came from a flag and stays.
+func reappliedLimits(rec, oldCfg, newCfg netapi.Limits) netapi.Limits {
+	pick := func(r, o, n int64) int64 {
+		if r == o {
+			return n
+		}
+		return r
+	}
+	return netapi.Limits{
+		MaxConns:         int(pick(int64(rec.MaxConns), int64(oldCfg.MaxConns), int64(newCfg.MaxConns))),
+		ConnRate:         int(pick(int64(rec.ConnRate), int64(oldCfg.ConnRate), int64(newCfg.ConnRate))),
+		DNSRate:          int(pick(int64(rec.DNSRate), int64(oldCfg.DNSRate), int64(newCfg.DNSRate))),
+		EgressBandwidth:  pick(rec.EgressBandwidth, oldCfg.EgressBandwidth, newCfg.EgressBandwidth),
+		IngressBandwidth: pick(rec.IngressBandwidth, oldCfg.IngressBandwidth, newCfg.IngressBandwidth),
+	}
 }

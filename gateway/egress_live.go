@@ -371,7 +371,8 @@ func (g *Service) pushEgress(ctx context.Context, sb *api.Sandbox) (bool, error)
 	if plan.egress.Mode == api.EgressNone {
 		return false, nil
 	}
-	_, err = netapi.NewClient(g.cfg.Bus, sb.Host).Update(ctx, netapi.UpdateRequest{SandboxID: sb.ID, Policy: plan.netPolicy()})
+	limits := plan.egress.Limits
+	_, err = netapi.NewClient(g.cfg.Bus, sb.Host).Update(ctx, netapi.UpdateRequest{SandboxID: sb.ID, Policy: plan.netPolicy(), Limits: &limits})
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return false, nil
 	}

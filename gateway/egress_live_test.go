@@ -28,6 +28,7 @@ import (
 type livePerimeter struct {
 	mu    sync.Mutex
 	net   map[string]netapi.Policy
+	lim   map[string]*netapi.Limits
 	mitm  map[string]mitmapi.SetHostsRequest
 	audit []audit.Event
 }
@@ -52,7 +53,7 @@ func (p *livePerimeter) events(rule string) []audit.Event {
 
 func startLivePerimeter(t *testing.T, nc *nats.Conn) *livePerimeter {
 	t.Helper()
-	p := &livePerimeter{net: map[string]netapi.Policy{}, mitm: map[string]mitmapi.SetHostsRequest{}}
+	p := &livePerimeter{net: map[string]netapi.Policy{}, lim: map[string]*netapi.Limits{}, mitm: map[string]mitmapi.SetHostsRequest{}}
 	ok, _ := bus.EncodeOK(struct{}{})
 	sub := func(subj string, fn func(m *nats.Msg)) {
 		s, err := nc.Subscribe(subj, fn)
@@ -66,6 +67,7 @@ func startLivePerimeter(t *testing.T, nc *nats.Conn) *livePerimeter {
 		json.Unmarshal(m.Data, &r)
 		p.mu.Lock()
 		p.net[r.SandboxID] = r.Policy
+		p.lim[r.SandboxID] = r.Limits
 		p.mu.Unlock()
 		m.Respond(ok)
 	})
@@ -227,12 +229,12 @@ func TestLiveEgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newCfg, err := config.Parse("new.yaml", []byte("version: 1\negress:\n  allow:\n    - new.example\n"))
+	newCfg, err := config.Parse("new.yaml", []byte("version: 1\negress:\n  allow:\n    - new.example\n  limits:\n    max_conns: 64\n    dns_rate: 20\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	proj := &api.Sandbox{Name: "default/proj", Image: "nexus-mini", Host: bus.LocalHost, Config: oldCfg,
-		Egress: api.Egress{Mode: api.EgressCurated, Allow: []string{"api.anthropic.com:443,80", "old.example:443,80"}}}
+		Egress: api.Egress{Mode: api.EgressCurated, Allow: []string{"api.anthropic.com:443,80", "old.example:443,80"}, Limits: netapi.Limits{DNSRate: 500}}}
 	if err := reg.Create(ctx, proj); err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +250,13 @@ func TestLiveEgress(t *testing.T) {
 	}
 	if got := rulesOf(perim.netPolicy(proj.ID)); !slices.Equal(got, []string{"api.anthropic.com:443,80", "new.example:443,80"}) {
 		t.Fatalf("netstack rules after apply: %v", got)
+	}
+	// Its egress.limits change live too; a budget a create flag set (--dns-rate 500) stays.
+	perim.mu.Lock()
+	lim := perim.lim[proj.ID]
+	perim.mu.Unlock()
+	if lim == nil || *lim != (netapi.Limits{MaxConns: 64, DNSRate: 500}) {
+		t.Fatalf("netstack limits after apply: %+v", lim)
 	}
 
 	// Every change was audited with who and before/after.

@@ -32,8 +32,8 @@ const limitWindow = time.Second
 // budget is one network's egress budgets: token buckets for new flows, DNS queries, bytes sent
 // and bytes received, and a count of open flows.
 type budget struct {
-	lim     netstackapi.Limits
-	open    atomic.Int64 // flows admitted and not yet ended
+	lim     atomic.Pointer[netstackapi.Limits] // with defaults; replaced by setLimits
+	open    atomic.Int64                       // flows admitted and not yet ended
 	flows   *rate.Limiter
 	dns     *rate.Limiter
 	egress  *rate.Limiter
@@ -53,14 +53,33 @@ type limitHits struct {
 
 func newBudget(l netstackapi.Limits) *budget {
 	l = l.WithDefaults()
-	return &budget{
-		lim:     l,
+	b := &budget{
 		flows:   rate.NewLimiter(rate.Limit(l.ConnRate), l.ConnRate),
 		dns:     rate.NewLimiter(rate.Limit(l.DNSRate), l.DNSRate),
 		egress:  rate.NewLimiter(rate.Limit(l.EgressBandwidth), egressBurst(l.EgressBandwidth)),
 		ingress: rate.NewLimiter(rate.Limit(l.IngressBandwidth), egressBurst(l.IngressBandwidth)),
 		hits:    map[string]*limitHits{},
 	}
+	b.lim.Store(&l)
+	return b
+}
+
+// limits are the budgets in force.
+func (b *budget) limits() netstackapi.Limits { return *b.lim.Load() }
+
+// setLimits replaces the budgets of a running network: the buckets keep their tokens up to the
+// new burst; open flows past a lower MaxConns stay open, new ones wait for the count to drop.
+func (b *budget) setLimits(l netstackapi.Limits) {
+	l = l.WithDefaults()
+	b.lim.Store(&l)
+	b.flows.SetLimit(rate.Limit(l.ConnRate))
+	b.flows.SetBurst(l.ConnRate)
+	b.dns.SetLimit(rate.Limit(l.DNSRate))
+	b.dns.SetBurst(l.DNSRate)
+	b.egress.SetLimit(rate.Limit(l.EgressBandwidth))
+	b.egress.SetBurst(egressBurst(l.EgressBandwidth))
+	b.ingress.SetLimit(rate.Limit(l.IngressBandwidth))
+	b.ingress.SetBurst(egressBurst(l.IngressBandwidth))
 }
 
 // egressBurst is a tenth of a second's worth of bytes, and at least one 64 KiB write (the
@@ -72,7 +91,7 @@ func egressBurst(bps int64) int { return int(max(bps/10, 64<<10)) }
 func (n *network) admit(v verdict) bool {
 	b := n.budget
 	rule := ""
-	if b.open.Add(1) > int64(b.lim.MaxConns) {
+	if b.open.Add(1) > int64(b.limits().MaxConns) {
 		rule = RuleMaxConns
 	} else if !b.flows.Allow() {
 		rule = RuleConnRate
@@ -194,19 +213,20 @@ func (n *network) flushLimit(rule string) {
 	}
 	ev := h.ev
 	ev.Decision, ev.Rule = audit.Deny, rule
+	lim := b.limits()
 	switch rule {
 	case RuleMaxConns:
-		ev.Reason = fmt.Sprintf("%d new connections refused in %s: %d open at once is the sandbox's limit (--max-conns)", h.count, limitWindow, b.lim.MaxConns)
+		ev.Reason = fmt.Sprintf("%d new connections refused in %s: %d open at once is the sandbox's limit (--max-conns)", h.count, limitWindow, lim.MaxConns)
 	case RuleConnRate:
-		ev.Reason = fmt.Sprintf("%d new connections refused in %s: over %d per second (--conn-rate)", h.count, limitWindow, b.lim.ConnRate)
+		ev.Reason = fmt.Sprintf("%d new connections refused in %s: over %d per second (--conn-rate)", h.count, limitWindow, lim.ConnRate)
 	case RuleDNSRate:
-		ev.Reason = fmt.Sprintf("%d dns queries refused in %s: over %d per second (--dns-rate)", h.count, limitWindow, b.lim.DNSRate)
+		ev.Reason = fmt.Sprintf("%d dns queries refused in %s: over %d per second (--dns-rate)", h.count, limitWindow, lim.DNSRate)
 	case RuleEgressBandwidth:
 		ev.Decision, ev.Bytes = audit.Allow, h.bytes
-		ev.Reason = fmt.Sprintf("%d writes delayed in %s: egress is held to %s per second (--egress-bandwidth)", h.count, limitWindow, sizeText(b.lim.EgressBandwidth))
+		ev.Reason = fmt.Sprintf("%d writes delayed in %s: egress is held to %s per second (--egress-bandwidth)", h.count, limitWindow, sizeText(lim.EgressBandwidth))
 	case RuleIngressBandwidth:
 		ev.Decision, ev.Bytes = audit.Allow, h.bytes
-		ev.Reason = fmt.Sprintf("%d writes to the guest delayed in %s: ingress is held to %s per second (--ingress-bandwidth)", h.count, limitWindow, sizeText(b.lim.IngressBandwidth))
+		ev.Reason = fmt.Sprintf("%d writes to the guest delayed in %s: ingress is held to %s per second (--ingress-bandwidth)", h.count, limitWindow, sizeText(lim.IngressBandwidth))
 	}
 	n.emit(ev)
 }

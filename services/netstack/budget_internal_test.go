@@ -54,8 +54,8 @@ func TestBudgetDefaults(t *testing.T) {
 	n, _ := budgetNetwork(t, netstackapi.Limits{DNSRate: 7})
 	want := netstackapi.DefaultLimits
 	want.DNSRate = 7
-	if n.budget.lim != want {
-		t.Fatalf("limits %+v, want %+v", n.budget.lim, want)
+	if n.budget.limits() != want {
+		t.Fatalf("limits %+v, want %+v", n.budget.limits(), want)
 	}
 	for _, bad := range []netstackapi.Limits{{MaxConns: -1}, {ConnRate: -1}, {DNSRate: -2}, {EgressBandwidth: -1}, {MaxConns: netstackapi.MaxMaxConns + 1}} {
 		if err := bad.Validate(); err == nil {

@@ -98,9 +98,20 @@ func (s *Service) Run(ctx context.Context) error {
 				return info, err
 			}),
 			netapi.Update.Serve(s, func(ctx context.Context, r netapi.UpdateRequest) (netapi.Info, error) {
+				if r.Limits != nil {
+					if err := svc.UpdateLimits(r.SandboxID, *r.Limits); err != nil {
+						return netapi.Info{}, err
+					}
+				}
 				info, err := svc.UpdateNetwork(ctx, r.SandboxID, r.Policy)
 				if err == nil {
-					err = store.Update(r.SandboxID, func(spec *netapi.Spec) error { spec.Policy = r.Policy; return nil })
+					err = store.Update(r.SandboxID, func(spec *netapi.Spec) error {
+						spec.Policy = r.Policy
+						if r.Limits != nil {
+							spec.Limits = *r.Limits
+						}
+						return nil
+					})
 				}
 				return info, err
 			}),

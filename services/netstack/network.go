@@ -397,7 +397,7 @@ func (n *network) info() Info {
 		GuestAttached: attached,
 		DNS:           n.table.entries(),
 		Counters:      countersOf(n),
-		Limits:        n.budget.lim,
+		Limits:        n.budget.limits(),
 	}
 }
 

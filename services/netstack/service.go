@@ -239,6 +239,20 @@ func (s *Manager) UpdateNetwork(ctx context.Context, id string, p Policy) (Info,
 	return n.info(), nil
 }
 
+// UpdateLimits replaces a running network's egress budgets.
+func (s *Manager) UpdateLimits(id string, l netstackapi.Limits) error {
+	n, err := s.get(id)
+	if err != nil {
+		return fmt.Errorf("update limits: %w", err)
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	n.budget.setLimits(l)
+	s.log.Info().Str(logSandbox, id).Msg("network limits updated")
+	return nil
+}
+
 // RemoveNetwork stops a network, closes its guest and upstream connections and its socket.
 func (s *Manager) RemoveNetwork(ctx context.Context, id string) error {
 	s.mu.Lock()

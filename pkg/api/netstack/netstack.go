@@ -101,11 +101,18 @@ const RequestSubjectPrefix = "nexus.events.egress.request"
 
 // EgressRequest is one held query (or connection) of an ask-mode sandbox.
 type EgressRequest struct {
-	SandboxID   string    `json:"sandbox_id"`
-	SandboxName string    `json:"sandbox_name,omitempty"`
-	Host        string    `json:"host"`
-	Port        int       `json:"port,omitempty"` // 0: a DNS query (any port)
-	Time        time.Time `json:"time"`
+	SandboxID   string `json:"sandbox_id"`
+	SandboxName string `json:"sandbox_name,omitempty"`
+	Host        string `json:"host"`
+	Port        int    `json:"port,omitempty"` // 0: a DNS query (any port)
+	// Reason is what the guest said it needs the host for (nexus-why request), reported by the
+	// guest: bounded and stripped of control characters.
+	Reason string `json:"reason,omitempty"`
+	// Proto and SrcPort are the guest socket that asked (tcp or udp, its local port), for the
+	// gateway to ask the guest agent which process holds it; zero when filed by nexus-why.
+	Proto   string    `json:"proto,omitempty"`
+	SrcPort int       `json:"src_port,omitempty"`
+	Time    time.Time `json:"time"`
 }
 
 // Spec creates one sandbox network (CreateRequest on the bus).
@@ -205,6 +212,9 @@ type CreateRequest = Spec
 type UpdateRequest struct {
 	SandboxID string `json:"sandbox_id"`
 	Policy
+	// Limits, when set, replace the network's egress budgets (`nexus egress apply` of a changed
+	// egress.limits); nil keeps them.
+	Limits *Limits `json:"limits,omitempty"`
 }
 
 // RemoveRequest is the body of Remove.
