@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/IniZio/nexus/pkg/agentproto"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/audit"
@@ -27,6 +29,8 @@ const (
 	RuleEgressReject  = "egress_reject"
 	RuleEgressApprove = "egress_approve"
 	maxRequestMsg     = 4 << 10
+	// maxCmdline bounds the command line shown for a request.
+	maxCmdline = 200
 )
 
 // watchRequests records the requests the netstacks report, one at a time.
@@ -88,13 +92,17 @@ func (g *Service) recordRequest(ctx context.Context, r netapi.EgressRequest) err
 		next := *sb
 		next.Egress.Requests = slices.Clone(sb.Egress.Requests)
 		var fresh *api.EgressRequest
+		reason := agentproto.CleanGuestText(r.Reason, agentproto.MaxWhyReason)
 		if i := slices.IndexFunc(next.Egress.Requests, func(x api.EgressRequest) bool { return x.Host == host && x.Port == r.Port }); i >= 0 {
 			next.Egress.Requests[i].Count++
 			next.Egress.Requests[i].Last = now
+			if reason != "" {
+				next.Egress.Requests[i].Reason = reason
+			}
 		} else if len(next.Egress.Requests) >= api.MaxPendingRequests {
 			return nil // full: the oldest must be answered first
 		} else {
-			next.Egress.Requests = append(next.Egress.Requests, api.EgressRequest{ID: "r-" + randomHex(4), Sandbox: sb.Name, Host: host, Port: r.Port, First: now, Last: now, Count: 1})
+			next.Egress.Requests = append(next.Egress.Requests, api.EgressRequest{ID: "r-" + randomHex(4), Sandbox: sb.Name, Host: host, Port: r.Port, First: now, Last: now, Count: 1, Reason: reason})
 			fresh = &next.Egress.Requests[len(next.Egress.Requests)-1]
 		}
 		err = g.reg.Update(ctx, &next)
@@ -107,10 +115,56 @@ func (g *Service) recordRequest(ctx context.Context, r netapi.EgressRequest) err
 			if _, perr := g.pushEgress(ctx, &next); perr != nil {
 				g.log.Warn().Err(perr).Str("sandbox", sb.Name).Msg("pending egress request not pushed")
 			}
+			if (r.Proto == "tcp" || r.Proto == "udp") && r.SrcPort > 0 && r.SrcPort <= 65535 {
+				go g.nameAsker(context.WithoutCancel(ctx), sb.Name, fresh.ID, r.Proto, r.SrcPort)
+			}
 			g.emitAudit(audit.Event{Sandbox: sb.ID, Name: sb.Name, Layer: audit.LayerPolicy, Host: host, Port: r.Port, Decision: audit.Deny,
 				Rule: RuleEgressRequest, By: "the guest", Reason: "pending request " + fresh.ID + ": nexus egress approve " + fresh.ID + " or reject " + fresh.ID})
 		}
 		return err
+	}
+}
+
+// nameAsker asks the guest agent which process holds the socket a request came from and
+// records its command line in the request; best effort: at most cap(askers) at once, a few
+// seconds each, nothing when the process is gone or the agent cannot tell.
+func (g *Service) nameAsker(ctx context.Context, name, id, proto string, port int) {
+	select {
+	case g.askers <- struct{}{}:
+		defer func() { <-g.askers }()
+	default:
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	argv := []string{agentproto.GuestBinDir + "/nexus-agent", "owner", proto, strconv.Itoa(port)}
+	res, err := g.runIn(ctx, api.ExecRequest{Name: name, Argv: argv}, nil, 5*time.Second)
+	if err != nil || res.exit.Code != 0 {
+		return
+	}
+	cmdline := agentproto.CleanGuestText(res.stdout.String(), maxCmdline)
+	if cmdline == "" {
+		return
+	}
+	n, err := api.ParseName(name)
+	if err != nil {
+		return
+	}
+	for attempt := 0; attempt < 5; attempt++ {
+		sb, err := g.reg.Get(ctx, n)
+		if err != nil {
+			return
+		}
+		i := slices.IndexFunc(sb.Egress.Requests, func(x api.EgressRequest) bool { return x.ID == id })
+		if i < 0 {
+			return // answered meanwhile
+		}
+		next := *sb
+		next.Egress.Requests = slices.Clone(sb.Egress.Requests)
+		next.Egress.Requests[i].Cmdline = cmdline
+		if err := g.reg.Update(ctx, &next); !errors.Is(err, errdefs.ErrConflict) {
+			return
+		}
 	}
 }
 

@@ -69,6 +69,9 @@ type Service struct {
 	// expiry watcher.
 	audit     *audit.Publisher
 	grantWake chan struct{}
+	// askers bounds the guest commands run at once to name the process of an egress request
+	// (egress_requests.go); nil runs none.
+	askers chan struct{}
 	// booting ends, by sandbox id, the vmm call of a boot under way when its vmm reports that
 	// VM failed (a vmm that restarted mid-boot never answers the call): *bootCall.
 	booting sync.Map
@@ -79,7 +82,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Host == "" {
 		cfg.Host = bus.LocalHost
 	}
-	return &Service{cfg: cfg, log: cfg.Log, idle: &idleWatch{last: map[string]idleSample{}}, grantWake: make(chan struct{}, 1)}, nil
+	return &Service{cfg: cfg, log: cfg.Log, idle: &idleWatch{last: map[string]idleSample{}}, grantWake: make(chan struct{}, 1), askers: make(chan struct{}, 2)}, nil
 }
 
 // Run registers the endpoints and serves until ctx ends.

@@ -96,7 +96,17 @@ func TestAskMode(t *testing.T) {
 		t.Fatalf("a held connection after approve: exit %d %q", res.code, res.out)
 	}
 	done = connect(7002, "/ask-rejected-tcp")
-	stack.MustNexus(t, "egress", "reject", request(plainHost, 7002).ID)
+	held := request(plainHost, 7002)
+	// The request names the guest process that asked (reported by the guest agent).
+	if err := testutil.Poll(20*time.Second, func() error {
+		if r := request(plainHost, 7002); !strings.Contains(r.Cmdline, "nc -w 60") {
+			return fmt.Errorf("the request's process is %q", r.Cmdline)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stack.MustNexus(t, "egress", "reject", held.ID)
 	if res := wait(done); res.code == 0 || len(upstreams[plainHost].find("/ask-rejected-tcp")) != 0 {
 		t.Fatalf("a held connection after reject: exit %d %q", res.code, res.out)
 	}
@@ -123,6 +133,35 @@ func TestAskMode(t *testing.T) {
 	if upstreams["evil.example"].count() != before {
 		t.Error("a request reached evil.example")
 	}
+	// nexus-why in the guest: this sandbox's own refusals with what would allow each, and a
+	// request filed with a reason, shown as reported by the guest.
+	out = mustSh(t, box, "nexus-why")
+	for _, want := range []string{"sandbox egress/ask (egress curated, ask mode", "example.test (198.18.", "port 7002", "[ask_rejected]",
+		"nexus egress allow egress/ask example.test:7002`", "nexus-why request example.test:7002"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("nexus-why lacks %q:\n%s", want, out)
+		}
+	}
+	if out = mustSh(t, box, `nexus-why request docs.example:443 'need the SDK docs'`); !strings.Contains(out, "asked for docs.example:443") {
+		t.Fatalf("nexus-why request printed %q", out)
+	}
+	filed := request("docs.example", 443)
+	if filed.Reason != "need the SDK docs" {
+		t.Fatalf("the filed request %+v", filed)
+	}
+
+	// A pending request survives a restart of the whole stack (it is in the sandbox's record)
+	// and can still be answered.
+	earlierLogs.WriteString(stack.Log())
+	stack.Kill()
+	if err := stack.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if after := request("docs.example", 443); after.ID != filed.ID || after.Reason != filed.Reason || !after.First.Equal(filed.First) {
+		t.Fatalf("after a restart the request is %+v, was %+v", after, filed)
+	}
+	stack.MustNexus(t, "egress", "reject", filed.ID)
+
 	for _, rule := range []string{"egress_request", "egress_approve", "egress_reject"} {
 		waitEvent(t, box, false, rule, func(e audit.Event) bool { return e.Rule == rule && e.Layer == audit.LayerPolicy })
 	}

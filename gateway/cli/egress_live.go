@@ -160,7 +160,7 @@ func egressAskCommands() []*cobra.Command {
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				if !header && !jsonOutput(cmd) {
-					fmt.Fprintln(tw, "ID\tSANDBOX\tHOST\tPORT\tFIRST SEEN\tCOUNT")
+					fmt.Fprintln(tw, "ID\tSANDBOX\tHOST\tPORT\tFIRST SEEN\tCOUNT\tGUEST PROCESS\tGUEST REASON")
 					header = true
 				}
 				for _, r := range list {
@@ -177,7 +177,7 @@ func egressAskCommands() []*cobra.Command {
 					if r.Port != 0 {
 						port = fmt.Sprint(r.Port)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, r.Sandbox, r.Host, port, r.First.Local().Format("15:04:05"), r.Count)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Sandbox, r.Host, port, r.First.Local().Format("15:04:05"), r.Count, dash(r.Cmdline), dash(r.Reason))
 				}
 				tw.Flush()
 				if !follow {

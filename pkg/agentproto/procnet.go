@@ -88,3 +88,27 @@ func parseHexAddr(b []byte, v6 bool) (netip.Addr, uint16, bool) {
 	}
 	return ip.Unmap(), uint16(p), true
 }
+
+// SocketInode returns the inode of the socket whose local port is port in the text of
+// /proc/net/{tcp,udp} (IPv4 or IPv6, any state), or 0 when none has it.
+func SocketInode(data []byte, port uint16) uint64 {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 512), 4096)
+	for lines := 0; sc.Scan() && lines < maxProcNetLines; lines++ {
+		if lines == 0 {
+			continue // header
+		}
+		f := bytes.Fields(sc.Bytes())
+		if len(f) < 10 {
+			continue
+		}
+		_, p, ok := parseHexAddr(f[1], len(f[1]) > 13)
+		if !ok || p != port {
+			continue
+		}
+		if ino, err := strconv.ParseUint(string(f[9]), 10, 64); err == nil && ino != 0 {
+			return ino
+		}
+	}
+	return 0
+}

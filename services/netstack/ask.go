@@ -74,6 +74,12 @@ func (o askOutcome) reason() string {
 	return "held for approval, none came in time"
 }
 
+// guestSocket is the guest's end of a held query or connection.
+type guestSocket struct {
+	proto string
+	port  int
+}
+
 // askWait is one hold, known to setPolicy so that each policy change wakes it and none of
 // its Pending states is missed (guarded by network.polMu).
 type askWait struct {
@@ -102,7 +108,7 @@ func (n *network) noteHolds(p Policy) {
 // a DNS query) and waits up to hold for a policy under which allowed is true. It ends early when
 // the network closes, or when the request was seen pending (Policy.Pending) and is no longer
 // (rejected). count, bounded by limit, is the network's number of such holds.
-func (n *network) holdForApproval(count *atomic.Int32, limit int32, host string, port int, hold time.Duration, allowed func() bool) askOutcome {
+func (n *network) holdForApproval(count *atomic.Int32, limit int32, host string, port int, src guestSocket, hold time.Duration, allowed func() bool) askOutcome {
 	if count.Add(1) > limit {
 		count.Add(-1)
 		return askFull
@@ -119,7 +125,7 @@ func (n *network) holdForApproval(count *atomic.Int32, limit int32, host string,
 		n.polMu.Unlock()
 	}()
 	if f := n.svc.cfg.OnRequest; f != nil {
-		f(netstackapi.EgressRequest{SandboxID: n.id, SandboxName: n.name, Host: host, Port: port, Time: time.Now().UTC()})
+		f(netstackapi.EgressRequest{SandboxID: n.id, SandboxName: n.name, Host: host, Port: port, Proto: src.proto, SrcPort: src.port, Time: time.Now().UTC()})
 	}
 	deadline := time.NewTimer(hold)
 	defer deadline.Stop()
@@ -149,13 +155,13 @@ func (n *network) holdForApproval(count *atomic.Int32, limit int32, host string,
 // holdTCP holds a connection to dst:port that v refused, in ask mode, until a person approves
 // (the verdict judged again is returned, allowed) or it ends otherwise (v refused with the
 // ask rule). The SYN stays unanswered meanwhile.
-func (n *network) holdTCP(v verdict, dst netip.Addr, port int, names []string) verdict {
+func (n *network) holdTCP(v verdict, dst netip.Addr, port int, names []string, src guestSocket) verdict {
 	host := dst.String()
 	if len(names) > 0 {
 		host = names[0]
 	}
 	var again verdict
-	out := n.holdForApproval(&n.held.tcp, MaxHeldConns, host, port, n.svc.cfg.AskHoldTCP, func() bool {
+	out := n.holdForApproval(&n.held.tcp, MaxHeldConns, host, port, src, n.svc.cfg.AskHoldTCP, func() bool {
 		again = n.judgeTCP(dst, port, n.namesFor(dst, time.Now()))
 		return again.allowed()
 	})

@@ -61,7 +61,7 @@ func TestAskHoldsTCPUntilApproved(t *testing.T) {
 		body, err := roundTrip(c, "api.test")
 		done <- result{body, err}
 	}()
-	if r := e.nextRequest(t); r.Host != "api.test" || r.Port != 9090 || r.SandboxID != sandboxID {
+	if r := e.nextRequest(t); r.Host != "api.test" || r.Port != 9090 || r.SandboxID != sandboxID || r.Proto != "tcp" || r.SrcPort == 0 {
 		t.Fatalf("request %+v", r)
 	}
 	select {

@@ -82,7 +82,11 @@ func (n *network) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		reply(dns.RcodeNameError)
 		return
 	} else if pol.Ask {
-		out := n.holdForApproval(&n.held.dns, MaxHeld, name, 0, AskHold, func() bool {
+		src := guestSocket{proto: proto}
+		if ap, err := netip.ParseAddrPort(w.RemoteAddr().String()); err == nil {
+			src.port = int(ap.Port())
+		}
+		out := n.holdForApproval(&n.held.dns, MaxHeld, name, 0, src, AskHold, func() bool {
 			_, allow = n.policy()
 			_, ok := allow.MatchName(name)
 			return ok

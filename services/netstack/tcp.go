@@ -29,7 +29,7 @@ func (n *network) handleTCP(r *tcp.ForwarderRequest) {
 	f.names = n.namesFor(dst, time.Now())
 	v := n.judgeTCP(dst, f.port, f.names)
 	if !v.allowed() && v.ask {
-		v = n.holdTCP(v, dst, f.port, f.names)
+		v = n.holdTCP(v, dst, f.port, f.names, guestSocket{"tcp", int(id.RemotePort)})
 	}
 	if !v.allowed() {
 		n.emit(v.ev)

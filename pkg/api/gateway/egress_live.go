@@ -31,6 +31,12 @@ type EgressRequest struct {
 	First   time.Time `json:"first"`
 	Last    time.Time `json:"last"`
 	Count   int       `json:"count"`
+	// Reason is what the guest said it needs the host for (`nexus-why request`): reported by
+	// the guest, bounded and stripped of control characters; the latest one given.
+	Reason string `json:"reason,omitempty"`
+	// Cmdline is the guest process that asked (pid and command line, from the guest agent):
+	// reported by the guest, bounded and stripped of control characters.
+	Cmdline string `json:"cmdline,omitempty"`
 }
 
 // EgressAnswerRequest approves or rejects a pending request by ID.

@@ -271,11 +271,18 @@ func systemMounts() error {
 }
 
 // bindAgentBinary makes the running agent binary available inside the new root as
-// /run/nexus/bin/nexus-agent (for `nexus-agent selftest-vsock`, `nexus-agent dial-host`).
+// /run/nexus/bin/nexus-agent (for `nexus-agent selftest-vsock`, `nexus-agent dial-host`), and
+// as nexus-why there: every image, pulled ones too, has the command.
 func bindAgentBinary() error {
 	target := filepath.Join(agentproto.GuestBinDir, "nexus-agent")
 	if err := os.MkdirAll(agentproto.GuestBinDir, 0o755); err != nil {
 		return err
+	}
+	why := filepath.Join(agentproto.GuestBinDir, "nexus-why")
+	if _, err := os.Lstat(why); err != nil {
+		if err := os.Symlink("nexus-agent", why); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(target, nil, 0o755); err != nil {
 		return err

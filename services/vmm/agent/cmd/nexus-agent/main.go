@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -30,6 +31,9 @@ As PID 1 it boots the guest and serves the host. Commands (inside a guest):
   dial-host PORT             connect stdin/stdout to host port PORT (e.g. an ssh ProxyCommand)
   ssh-shim SSH-ARGS...       the guest's GIT_SSH_COMMAND: git over SSH through the host's git relay
   serve -unix PATH           serve the protocol on a unix socket (debugging)
+  why [--json] | why request HOST[:PORT] REASON
+                             why connections were refused; ask for a host (also as nexus-why)
+  owner tcp|udp PORT         the pid and command line of the process with that local port
   version                    print the protocol version
 `
 
@@ -37,6 +41,9 @@ func main() {
 	if os.Getpid() == 1 {
 		agent.RunInit() // never returns
 		return
+	}
+	if filepath.Base(os.Args[0]) == "nexus-why" {
+		os.Exit(why(os.Args[1:]))
 	}
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
@@ -52,6 +59,10 @@ func main() {
 		os.Exit(sshShim(os.Args[2:]))
 	case "serve":
 		err = serve(os.Args[2:])
+	case "owner":
+		err = owner(os.Args[2:])
+	case "why":
+		os.Exit(why(os.Args[2:]))
 	case "version":
 		fmt.Println(agentproto.Version)
 	default:
