@@ -73,7 +73,7 @@ func runners() map[string]func(ctx context.Context, env runEnv) error {
 		},
 		bus.UserVMM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel, JailHelper: jailHelper()}, MinFreeDisk: env.set.MinFreeDisk,
+				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel, JailHelper: jailHelper()}, MinFreeDisk: env.set.MinFreeDisk, Labels: env.set.HostLabels,
 				Admission: vmm.Admission{MemoryShare: env.set.MemoryShare, VCPUOvercommit: env.set.VCPUOvercommit}})
 		},
 		bus.UserNetstack: func(ctx context.Context, env runEnv) error {

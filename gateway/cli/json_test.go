@@ -93,6 +93,9 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"cluster token create": nil,
 		"cluster token ls":     nil,
 		"cluster token revoke": {"nosuch"},
+		"hosts":                nil,
+		"hosts drain":          {"b"},
+		"hosts undrain":        {"b"},
 	}
 }
 

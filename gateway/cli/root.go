@@ -67,7 +67,7 @@ func NewRoot() *cobra.Command {
 		imageCommand(), secretCommand(), auditCommand(), egressCommand(), configCommand(),
 		// agents
 		delegateCommand(), agentCommand(), herdrCommand(), mcpCommand(), tokenCommand(), natsCommand(),
-		clusterCommand(),
+		clusterCommand(), hostsCommand(),
 		versionCommand(), downCommand(),
 	)
 	root.AddCommand(lifecycleCommands()...)

@@ -39,6 +39,7 @@ func EnsureJetStream(ctx context.Context, nc *nats.Conn, replicas int) error {
 		{Bucket: KVSandboxes, Description: "sandbox registry", History: 5, Storage: jetstream.FileStorage},
 		{Bucket: KVPorts, Description: "port forwards", History: 1, Storage: jetstream.FileStorage},
 		{Bucket: KVSnapshots, Description: "snapshots", History: 1, Storage: jetstream.FileStorage},
+		{Bucket: KVHosts, Description: "host heartbeats and drains", History: 1, Storage: jetstream.FileStorage},
 		{Bucket: KVLeases, Description: "caller leases of ephemeral sandboxes", History: 1, TTL: LeaseTTL, Storage: jetstream.FileStorage},
 	}
 	for _, b := range buckets {

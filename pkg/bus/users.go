@@ -108,14 +108,16 @@ func permissions(user, host string) *server.Permissions {
 		perm := p(join(
 			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
 				EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>", AuditPublish(UserGateway)},
-			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots),
+			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots), kvRead(KVHosts),
 			// `nexus ps` and `egress show` look up each sandbox's last `suppressed` summary.
 			[]string{"$JS.API.STREAM.INFO." + StreamAudit, "$JS.API.STREAM.MSG.GET." + StreamAudit, "$JS.API.DIRECT.GET." + StreamAudit + ".>"}),
 			[]string{GatewayAPI.All(), EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
 		perm.Publish.Deny = []string{credResolve}
 		return perm
 	case UserVMM:
-		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>"},
+		// It heartbeats its own host's capacity, and no other host's (hosts.go).
+		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>",
+			"$JS.API.STREAM.INFO.KV_" + KVHosts, "$KV." + KVHosts + "." + host},
 			[]string{VMMAPI.OnHost(host), StreamPrefix + ".*.in", "$SRV.>"})
 	case UserNetstack:
 		// It reports the queries an ask-mode sandbox holds (nexus.events.egress.request.<id>).
@@ -138,7 +140,9 @@ func permissions(user, host string) *server.Permissions {
 		// The operator's reader of the audit stream (`nexus audit tail`, the MCP audit tool),
 		// which also removes the consumers it made there.
 		return p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"},
-			kvWrite(KVLeases), streamRead(StreamAudit)),
+			kvWrite(KVLeases), streamRead(StreamAudit),
+			// `nexus hosts` reads the heartbeats; `nexus hosts drain` writes drain.<host>.
+			kvRead(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
 	}
 	// Unknown users get nothing at all.

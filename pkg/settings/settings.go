@@ -84,6 +84,9 @@ type Values struct {
 	APIAddr    string
 	APITLSCert string
 	APITLSKey  string
+
+	// HostLabels are this host's placement labels (--host-label zone=a).
+	HostLabels map[string]string
 }
 
 // DefaultAPIAddr is where `nexus serve api` listens without --api.
@@ -131,6 +134,20 @@ var Table = []Setting{
 		set: text(func(v *Values) *string { return &v.Host }, func(s string) bool {
 			return !strings.ContainsAny(s, ". *>\t")
 		}, "a host name (no dots, spaces or wildcards)")},
+	{Flag: "host-label", Env: "NEXUS_HOST_LABELS", Arg: "key=value", Scope: Stack, Multi: true,
+		Help: "this host's placement labels, in its heartbeat (`nexus create --host-label zone=a` picks among the hosts that have them); repeatable or comma-separated",
+		set: func(v *Values, s string) error {
+			m := map[string]string{}
+			for _, pair := range strings.Split(s, ",") {
+				k, val, ok := strings.Cut(strings.TrimSpace(pair), "=")
+				if !ok || k == "" || strings.ContainsAny(k+val, " \t\"") {
+					return fmt.Errorf("%q is not key=value", pair)
+				}
+				m[k] = val
+			}
+			v.HostLabels = m
+			return nil
+		}},
 	{Flag: "cache", Env: "NEXUS_CACHE", Arg: "dir", Scope: Stack,
 		Help:  "download and image cache, shareable between homes",
 		Unset: "<home>/cache",

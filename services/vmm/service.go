@@ -49,6 +49,8 @@ type Config struct {
 	Admission Admission
 	// MinFreeDisk is the home's low free-space watermark (disk.go); zero: not watched.
 	MinFreeDisk home.Watermark
+	// Labels are this host's placement labels (--host-label), in its heartbeat.
+	Labels map[string]string
 }
 
 // Service runs the VMs of one host.
@@ -119,6 +121,7 @@ func (s *Service) Run(ctx context.Context) error {
 	s.adoptAll(ctx)
 	s.cleanSnapshotTemps()
 	go s.watchDisk(ctx)
+	go s.heartbeat(ctx)
 	info := bus.ServiceInfo{Name: "vmm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "microVMs, images, guest agent channel"}
 	return bus.Serve(ctx, s.cfg.Bus, info, s.log, func(svc *bus.Service) error {
 		for _, err := range []error{

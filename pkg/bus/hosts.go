@@ -1,0 +1,163 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Hosts heartbeat their capacity into KVHosts, one key per host (its vmm writes it); the
+// gateway places new sandboxes by it and `nexus hosts` lists it. A host whose heartbeat is
+// older than its TTL is lost. An operator's drain is the key drain.<host>.
+const (
+	KVHosts = "nexus_hosts"
+	// HeartbeatEvery is how often a host's vmm writes its heartbeat.
+	HeartbeatEvery = 2 * time.Second
+	// HostTTL is how long a heartbeat counts: a host silent for longer is lost.
+	HostTTL = 10 * time.Second
+
+	drainPrefix = "drain."
+)
+
+// HostBeat is one host's heartbeat.
+type HostBeat struct {
+	Host    string `json:"host"`
+	Version string `json:"version,omitempty"`
+	// MemoryMiB is what sandboxes may take on the host in all (its --memory-share of RAM);
+	// MemoryUsedMiB what its running sandboxes hold, QEMU overhead included.
+	MemoryMiB     int               `json:"memory_mib"`
+	MemoryUsedMiB int               `json:"memory_used_mib"`
+	VCPUs         int               `json:"vcpus"`
+	DiskFree      uint64            `json:"disk_free"`
+	DiskTotal     uint64            `json:"disk_total"`
+	Running       int               `json:"running"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	At            time.Time         `json:"at"`
+	TTL           time.Duration     `json:"ttl"`
+}
+
+// FreeMiB is the memory a new sandbox could still take on the host.
+func (b HostBeat) FreeMiB() int { return max(b.MemoryMiB-b.MemoryUsedMiB, 0) }
+
+// Host states in `nexus hosts`.
+const (
+	HostUp       = "up"
+	HostDraining = "draining"
+	HostLost     = "lost"
+)
+
+// HostState is a host as `nexus hosts` shows it.
+type HostState struct {
+	HostBeat
+	State string `json:"state"`
+	// Drained is set when an operator drained the host: nothing new is placed there.
+	Drained bool `json:"drained,omitempty"`
+}
+
+// Beat writes host's heartbeat.
+func Beat(ctx context.Context, kv jetstream.KeyValue, b HostBeat) error {
+	if b.TTL == 0 {
+		b.TTL = HostTTL
+	}
+	body, _ := json.Marshal(b)
+	_, err := kv.Put(ctx, b.Host, body)
+	return err
+}
+
+// Hosts lists every host that ever heartbeat, with its state at now, by name.
+func Hosts(ctx context.Context, kv jetstream.KeyValue, now time.Time) ([]HostState, error) {
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var beats []HostBeat
+	drained := map[string]bool{}
+	for k := range lister.Keys() {
+		if h, ok := strings.CutPrefix(k, drainPrefix); ok {
+			drained[h] = true
+			continue
+		}
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				continue
+			}
+			return nil, err
+		}
+		var b HostBeat
+		if json.Unmarshal(e.Value(), &b) != nil || b.Host != k {
+			continue
+		}
+		beats = append(beats, b)
+	}
+	out := make([]HostState, 0, len(beats))
+	for _, b := range beats {
+		st := HostUp
+		switch {
+		case now.Sub(b.At) > b.TTL:
+			st = HostLost
+		case drained[b.Host]:
+			st = HostDraining
+		}
+		out = append(out, HostState{HostBeat: b, State: st, Drained: drained[b.Host]})
+	}
+	slices.SortFunc(out, func(a, b HostState) int { return strings.Compare(a.Host, b.Host) })
+	return out, nil
+}
+
+// Drain marks host drained (on) or not: nothing new is placed on a drained host.
+func Drain(ctx context.Context, kv jetstream.KeyValue, host string, on bool) error {
+	if err := validHostName(host); err != nil {
+		return err
+	}
+	if !on {
+		err := kv.Delete(ctx, drainPrefix+host)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		return err
+	}
+	_, err := kv.Put(ctx, drainPrefix+host, []byte(time.Now().UTC().Format(time.RFC3339)))
+	return err
+}
+
+// Place picks the host for a new sandbox of memMiB: of the hosts up and not drained whose
+// labels include every one of want, the one with the most free memory that fits. ok is false
+// when none fits; why then says what each host lacked.
+func Place(hosts []HostState, memMiB int, want map[string]string) (host string, ok bool, why []string) {
+	best := -1
+	for i, h := range hosts {
+		switch {
+		case h.State != HostUp:
+			why = append(why, h.Host+" is "+h.State)
+			continue
+		case !hasLabels(h.Labels, want):
+			why = append(why, h.Host+" lacks the labels asked for")
+			continue
+		case h.FreeMiB() < memMiB:
+			why = append(why, h.Host+" has too little free memory")
+			continue
+		}
+		if best < 0 || h.FreeMiB() > hosts[best].FreeMiB() {
+			best = i
+		}
+	}
+	if best < 0 {
+		return "", false, why
+	}
+	return hosts[best].Host, true, nil
+}
+
+func hasLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
