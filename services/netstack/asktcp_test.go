@@ -72,10 +72,12 @@ func TestAskHoldsTCPUntilApproved(t *testing.T) {
 	approved := pol
 	approved.Allow = rules(t, "api.test:8080", "api.test:9090")
 	approved.Pending = []string{netstackapi.PendingKey("api.test", 9090)}
+	approvedAt := time.Now()
 	e.update(t, approved)
 	if r := <-done; r.err != nil || r.body != "hello from api.test" {
 		t.Fatalf("the approved connection: %q %v", r.body, r.err)
 	}
+	t.Logf("the held connection answered %v after the approval", time.Since(approvedAt).Round(time.Millisecond))
 	e.log.waitEvent(t, audit.Event{Layer: "l4", Proto: "tcp", Host: "api.test", Port: 9090, Decision: "allow", Rule: "api.test:9090"})
 }
 
