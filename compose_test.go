@@ -79,7 +79,7 @@ func TestEveryServiceComposed(t *testing.T) {
 	}
 }
 
-// TestProcfile: the Procfile runs every service of bus.Services once, as
+// TestProcfile: the Procfile runs every service of bus.Services once, and the HTTP API, as
 // `name: bin/nexus serve name`, and nothing else.
 func TestProcfile(t *testing.T) {
 	b, err := os.ReadFile("Procfile")
@@ -98,13 +98,13 @@ func TestProcfile(t *testing.T) {
 		}
 		got[name]++
 	}
-	for _, name := range bus.Services {
+	for _, name := range append(append([]string{}, bus.Services...), apiName) {
 		if got[name] != 1 {
 			t.Errorf("Procfile runs %s %d times, want once", name, got[name])
 		}
 		delete(got, name)
 	}
 	for name := range got {
-		t.Errorf("Procfile runs %s, which is not in bus.Services", name)
+		t.Errorf("Procfile runs %s, which is not in bus.Services (nor the API)", name)
 	}
 }
