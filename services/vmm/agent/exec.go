@@ -266,6 +266,23 @@ func (e *execution) readInput(pid int, stdin, ptmx *os.File) {
 		close(queue)
 		wg.Wait()
 	}()
+	// A process that reads none of its stdin holds the queue full, and this loop then reads no
+	// more frames, so it would never see the host go away: the end of the host's session is
+	// watched meanwhile, and kills the process (nobody will see it again).
+	var hostGone <-chan struct{}
+	if sess := e.st.Session(); sess != nil {
+		hostGone = sess.CloseChan()
+	}
+	send := func(b []byte) bool {
+		select {
+		case queue <- b:
+			return true
+		case <-hostGone:
+			e.s.log.Debug().Msg("exec input: the host's session ended while stdin was held back")
+			syscall.Kill(-pid, syscall.SIGKILL)
+			return false
+		}
+	}
 	br := bufio.NewReaderSize(e.st, 64<<10)
 	buf := make([]byte, agentproto.MaxFramePayload)
 	stdinClosed := false
@@ -279,19 +296,21 @@ func (e *execution) readInput(pid int, stdin, ptmx *os.File) {
 				syscall.Kill(-pid, syscall.SIGKILL)
 			}
 			if !stdinClosed && ptmx == nil && in != nil {
-				queue <- nil
+				send(nil)
 			}
 			return
 		}
 		switch t {
 		case agentproto.FrameStdin:
-			if in != nil && !stdinClosed {
-				queue <- slices.Clone(p)
+			if in != nil && !stdinClosed && !send(slices.Clone(p)) {
+				return
 			}
 		case agentproto.FrameStdinClose:
 			if in != nil && !stdinClosed {
 				stdinClosed = true
-				queue <- nil
+				if !send(nil) {
+					return
+				}
 			}
 		case agentproto.FrameResize:
 			if ptmx != nil {
