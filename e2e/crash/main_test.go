@@ -85,6 +85,27 @@ func createArgs(name string) []string {
 // stack is dead and starts it again. The point must be reached.
 func crashAt(t *testing.T, point string, args ...string) {
 	t.Helper()
+	select {
+	case <-stack.Exited():
+		// Whatever ended it is a failure of its own (logged with the case that saw it); a kill
+		// that found no stack to kill would test nothing, and its case would fail for the wrong
+		// reason.
+		if err := stack.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		t.Fatalf("the stack had exited before %s was armed", point)
+	default:
+	}
+	logFrom := len(stack.Log())
+	t.Cleanup(func() {
+		if t.Failed() { // what the stack said during this case, to tell why
+			log := stack.Log()[logFrom:]
+			if len(log) > 30000 {
+				log = log[len(log)-30000:]
+			}
+			t.Logf("nexus up said during this case:\n%s", log)
+		}
+	})
 	startWitness(t)
 	if err := os.MkdirAll(stack.Home.Run(), 0o700); err != nil {
 		t.Fatal(err)

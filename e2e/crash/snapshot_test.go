@@ -105,12 +105,8 @@ func TestCrashDuringFork(t *testing.T) {
 	snap := "crash-fork"
 	stack.MustNexus(t, "snapshot", "create", parent, snap)
 	t.Cleanup(func() { stack.Nexus(t, "snapshot", "rm", snap) })
-	// Not yet in the list: vmm/fork/configure and vmm/fork/booted. A kill there still leaves,
-	// in some runs, a fork that `nexus start` brings up without its parent's disk (/root/mark
-	// missing) or a stack whose bus connection drops on the next rm (issue 18's open defect);
-	// they go back in with the fix.
 	points := []string{"gateway/fork/recorded", "gateway/boot/starting", "gateway/boot/perimeter",
-		"vmm/fork/disk", "vmm/fork/restore", "vmm/fork/agent", "gateway/fork/vm"}
+		"vmm/fork/disk", "vmm/fork/restore", "vmm/fork/agent", "vmm/fork/configure", "vmm/fork/booted", "gateway/fork/vm"}
 	for _, point := range points {
 		name := caseName("fork", point)
 		t.Run(point, func(t *testing.T) {

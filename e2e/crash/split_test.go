@@ -156,17 +156,31 @@ func TestKillOneService(t *testing.T) {
 		stack.MustNexus(t, "stop", box)
 		before := sup.startCount("gateway")
 		arm("gateway/boot/vm")
-		// The CLI is cut off with the gateway (it waits for an answer that never comes: not
-		// what is tested here).
+		// The CLI whose gateway is killed under it notices within seconds (not at its own
+		// deadline, minutes away) and says so in one line.
 		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
 		cli := exec.CommandContext(ctx, stack.Bin, "start", box)
 		cli.Env = stack.Env
+		var errOut strings.Builder
+		cli.Stderr = &errOut
 		if err := cli.Start(); err != nil {
 			t.Fatal(err)
 		}
+		cliDone := make(chan error, 1)
+		go func() { cliDone <- cli.Wait() }()
 		sup.waitRestarted(t, "gateway", before)
+		select {
+		case err := <-cliDone:
+			msg := strings.TrimSpace(errOut.String())
+			if err == nil || strings.Contains(msg, "\n") || !strings.Contains(msg, "the gateway service") ||
+				!strings.Contains(msg, "while it handled this request") {
+				t.Errorf("start whose gateway was killed: %v, stderr %q; want one line saying what became of the gateway", err, msg)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("start still waits 30s after its gateway was killed and restarted")
+		}
 		cancel()
-		cli.Wait()
 		checkConsistent(t)
 		finishStart(t, box)
 	})
