@@ -88,7 +88,7 @@ func TestCgroupLimits(t *testing.T) {
 	create(t, "cg/half", "--cpus", "0.5")
 	pid := qemuPid(t, "cg/half")
 	mem := cgroupDir(t, pid, "memory")
-	if !strings.Contains(mem, "/nexus-vms/"+sandboxID(t, "cg/half")+"-") {
+	if !strings.Contains(mem, "/nexus-vm-"+sandboxID(t, "cg/half")+"-") {
 		t.Fatalf("qemu %d is in memory cgroup %s, not one of its own", pid, mem)
 	}
 	if procs := readTrim(t, filepath.Join(mem, "cgroup.procs")); procs != strconv.Itoa(pid) {

@@ -22,10 +22,17 @@ import (
 // memory (guest RAM plus QEMU's overhead, no swap beyond it), a CPU quota from Spec.CPUs, a pids
 // limit, and block I/O throttles on the device holding the sandbox directory. A controller is
 // taken from the unified (v2) hierarchy when it offers it, else from its v1 hierarchy: hosts
-// mount v1 controllers beside an empty v2 hierarchy, as this one does. The cgroup is nested in
+// mount v1 controllers beside an empty v2 hierarchy, as this one does. The cgroup is a child of
 // the vmm's own (so a vmm confined by its parent keeps its VMs inside), its directories are
 // recorded in vm.json so a restarted vmm finds and removes them, and it is removed once QEMU has
 // exited. A host where no controller is usable runs QEMU without one.
+//
+// Each VM's group sits directly in the vmm's group, named nexus-vm-<id>-<hash>, not in a group
+// of all VMs: the CPU scheduler shares a group's time among its children, so one group of all
+// VMs made them weigh together as much as one process of the host, and a quiet VM beside a busy
+// one got half of that share on a loaded host (its exec p50 3-6x slower, measured; 1-2x as
+// siblings, where the busy VM is one more process among the host's). Builds before kept VMs in
+// <group>/nexus-vms/, which a VM they started keeps (its vm.json names the directories).
 
 // cgroupRoot is where v1 hierarchies and the v2 one are looked for (a variable for the tests of
 // the v2 limits, which this host's v1 controllers cannot run for real).
@@ -35,14 +42,15 @@ var cgroupRoot = "/sys/fs/cgroup"
 // guest, boot plus a busy exec: see TestCgroupLimits). Under TCG most of it is the translated
 // code cache, bounded by -accel tcg,tb-size=tcgCacheMiB.
 const (
-	tcgCacheMiB       = 128
-	overheadTCGMiB    = 96 + tcgCacheMiB
-	overheadKVMMiB    = 96
-	cgroupPidsMax     = 512         // QEMU's threads (vCPUs, I/O workers, RCU, 9p) with room to spare
-	cpuPeriodUS       = 100_000     // the CFS period the quota is a share of
-	defaultDiskBps    = 256 << 20   // per direction, on the sandbox directory's device
-	defaultDiskIOPS   = 8192        // per direction
-	cgroupParentGroup = "nexus-vms" // the vmm's VMs are <vmm's cgroup>/nexus-vms/<name>
+	tcgCacheMiB     = 128
+	overheadTCGMiB  = 96 + tcgCacheMiB
+	overheadKVMMiB  = 96
+	cgroupPidsMax   = 512         // QEMU's threads (vCPUs, I/O workers, RCU, 9p) with room to spare
+	cpuPeriodUS     = 100_000     // the CFS period the quota is a share of
+	defaultDiskBps  = 256 << 20   // per direction, on the sandbox directory's device
+	defaultDiskIOPS = 8192        // per direction
+	cgroupPrefix    = "nexus-vm-" // a VM's group is <the vmm's group>/nexus-vm-<id>-<hash>
+	legacyVMsGroup  = "nexus-vms" // builds before made them <the vmm's group>/nexus-vms/<id>-<hash>
 )
 
 // MaxOverheadMiB is the most memory one QEMU takes beyond its guest's (the TCG figure): what
@@ -67,7 +75,17 @@ type cgroupLimits struct {
 	bps, iops uint64
 }
 
-// limitsFor is the cgroup of spec under accel.
+// diskDefaults gives spec the driver's disk I/O limits where it asks for none.
+func (d *Driver) diskDefaults(spec *VMSpec) {
+	if spec.DiskBps <= 0 {
+		spec.DiskBps = int64(d.cfg.DiskBps)
+	}
+	if spec.DiskIOPS <= 0 {
+		spec.DiskIOPS = int(d.cfg.DiskIOPS)
+	}
+}
+
+// limitsFor is the cgroup of spec under accel (its disk limits filled in by diskDefaults).
 func (d *Driver) limitsFor(spec *VMSpec, accel string) cgroupLimits {
 	over := overheadKVMMiB
 	if accel == AccelTCG {
@@ -78,7 +96,7 @@ func (d *Driver) limitsFor(spec *VMSpec, accel string) cgroupLimits {
 		cpus = float64(spec.VCPUs)
 	}
 	l := cgroupLimits{memoryMiB: spec.MemoryMiB + over, cpuQuota: int64(cpus * cpuPeriodUS), pids: cgroupPidsMax,
-		bps: d.cfg.DiskBps, iops: d.cfg.DiskIOPS}
+		bps: uint64(spec.DiskBps), iops: uint64(spec.DiskIOPS)}
 	if l.cpuQuota < 1000 {
 		l.cpuQuota = 1000 // the kernel's least quota
 	}
@@ -111,7 +129,7 @@ func (l cgroupLimits) ioMax() []cgroup2.Entry {
 // run them, may use one id).
 func cgroupName(id, dir string) string {
 	h := sha256.Sum256([]byte(dir))
-	return id + "-" + hex.EncodeToString(h[:4])
+	return cgroupPrefix + id + "-" + hex.EncodeToString(h[:4])
 }
 
 // controllers says which hierarchy each controller is usable on: "v2", "v1" or absent.
@@ -220,7 +238,7 @@ func newCgroup(name string, l cgroupLimits) (*vmCgroup, error) {
 		}
 	}
 	if len(v1subs) > 0 {
-		path := cgroup1.NestedPath(filepath.Join(cgroupParentGroup, name))
+		path := cgroup1.NestedPath(name)
 		if _, err := cgroup1.New(path, v1res, cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return v1subs, nil })); err != nil {
 			cg.remove()
 			return nil, fmt.Errorf("cgroup v1: %w", err)
@@ -246,8 +264,8 @@ func newCgroup(name string, l cgroupLimits) (*vmCgroup, error) {
 // processes hand no controller to its children, so the vmm leaves its group to the VMs' parent.
 const vmmLeaf = "nexus-vmm"
 
-// vmsV2Parent is the unified hierarchy's group the VMs' groups are made in, <the vmm's
-// group>/nexus-vms, once the vmm's group holds no process of its own (the root group may).
+// vmsV2Parent is the unified hierarchy's group the VMs' groups are made in, the vmm's group,
+// once that holds no process of its own (the root group may).
 func vmsV2Parent(mount string) (string, error) {
 	own, err := ownV2Group()
 	if err != nil {
@@ -269,7 +287,7 @@ func vmsV2Parent(mount string) (string, error) {
 			return "", fmt.Errorf("move the vmm into %s, to leave %s to its VMs: %w", leaf, own, err)
 		}
 	}
-	return filepath.Join(own, cgroupParentGroup), nil
+	return own, nil
 }
 
 // selfCgroup is where this process's groups are read (a variable for the tests).
@@ -334,7 +352,8 @@ func (cg *vmCgroup) removeIfAny() error {
 func (cg *vmCgroup) remove() error {
 	var errs []error
 	for _, dir := range cg.Dirs {
-		if !strings.HasPrefix(dir, cgroupRoot+"/") || !strings.Contains(dir, "/"+cgroupParentGroup+"/") {
+		if !strings.HasPrefix(dir, cgroupRoot+"/") || !(strings.HasPrefix(filepath.Base(dir), cgroupPrefix) ||
+			strings.Contains(dir, "/"+legacyVMsGroup+"/")) {
 			continue // never a directory a vm.json could point anywhere else
 		}
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {

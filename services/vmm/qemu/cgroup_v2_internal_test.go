@@ -21,11 +21,11 @@ func fakeV2(t *testing.T, controllers string) string {
 	if err != nil {
 		t.Skip(err)
 	}
-	parent := filepath.Join(cgroupRoot, own, cgroupParentGroup)
+	parent := filepath.Join(cgroupRoot, own)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{cgroupRoot, filepath.Join(cgroupRoot, own), parent} {
+	for _, d := range []string{cgroupRoot, parent} {
 		os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), nil, 0o644)
 	}
 	if err := os.WriteFile(filepath.Join(cgroupRoot, "cgroup.controllers"), []byte(controllers+"\n"), 0o444); err != nil {
@@ -34,14 +34,17 @@ func fakeV2(t *testing.T, controllers string) string {
 	return cgroupRoot
 }
 
-// TestCgroupV2Limits: on a unified hierarchy a VM's cgroup is <the vmm's group>/nexus-vms/<name>
+// TestCgroupV2Limits: on a unified hierarchy a VM's cgroup is <the vmm's group>/nexus-vm-<id>-<hash>
 // with memory.max (no swap), cpu.max from the quota, pids.max and io.max for the disk's device,
 // and the OOM reason and limit are read from its memory.events and memory.max.
 func TestCgroupV2Limits(t *testing.T) {
 	root := fakeV2(t, "cpuset cpu io memory hugetlb pids")
 	own, _ := ownV2Group()
 	name := cgroupName("sb-1", "/home/x/sandboxes/sb-1")
-	dir := filepath.Join(root, own, cgroupParentGroup, name)
+	dir := filepath.Join(root, own, name)
+	if !strings.HasPrefix(name, "nexus-vm-sb-1-") {
+		t.Errorf("the VM's group is named %s", name)
+	}
 	l := cgroupLimits{memoryMiB: 256 + overheadTCGMiB, cpuQuota: 150_000, pids: cgroupPidsMax,
 		dev: &[2]int64{8, 16}, bps: 64 << 20, iops: 1000}
 	cg, err := newCgroup(name, l)
@@ -117,7 +120,7 @@ func TestCgroupV2NoController(t *testing.T) {
 
 // TestCgroupV2LeavesServiceGroup: a vmm started in a group holding processes (a systemd
 // service's) moves itself into <group>/nexus-vmm, since v2 gives the children of a group with
-// processes no controller, and the VMs' groups go in <group>/nexus-vms.
+// processes no controller, and the VMs' groups go beside it, in <group>.
 func TestCgroupV2LeavesServiceGroup(t *testing.T) {
 	root := fakeV2(t, "cpu memory pids")
 	self := filepath.Join(t.TempDir(), "cgroup")
@@ -126,17 +129,15 @@ func TestCgroupV2LeavesServiceGroup(t *testing.T) {
 	selfCgroup = self
 	t.Cleanup(func() { selfCgroup = old })
 	svc := filepath.Join(root, "system.slice", "nexus.service")
-	for _, d := range []string{svc, filepath.Join(svc, cgroupParentGroup)} {
-		os.MkdirAll(d, 0o755)
-		os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), nil, 0o644)
-	}
+	os.MkdirAll(svc, 0o755)
+	os.WriteFile(filepath.Join(svc, "cgroup.subtree_control"), nil, 0o644)
 	os.WriteFile(filepath.Join(root, "system.slice", "cgroup.subtree_control"), nil, 0o644)
 	os.WriteFile(filepath.Join(svc, "cgroup.procs"), []byte("4242\n"), 0o644)
-	cg, err := newCgroup("sb-1-x", cgroupLimits{memoryMiB: 480, cpuQuota: 100_000, pids: 512})
+	cg, err := newCgroup("nexus-vm-sb-1-x", cgroupLimits{memoryMiB: 480, cpuQuota: 100_000, pids: 512})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := filepath.Join(svc, cgroupParentGroup, "sb-1-x"); cg.Dirs["memory"] != want {
+	if want := filepath.Join(svc, "nexus-vm-sb-1-x"); cg.Dirs["memory"] != want {
 		t.Errorf("the VM's group is %s, want %s", cg.Dirs["memory"], want)
 	}
 	b, err := os.ReadFile(filepath.Join(svc, vmmLeaf, "cgroup.procs"))
@@ -145,7 +146,7 @@ func TestCgroupV2LeavesServiceGroup(t *testing.T) {
 	}
 	// Once moved, its group is the leaf's parent and it does not move again.
 	os.WriteFile(self, []byte("0::/system.slice/nexus.service/nexus-vmm\n"), 0o644)
-	if p, err := vmsV2Parent(root); err != nil || p != "/system.slice/nexus.service/"+cgroupParentGroup {
+	if p, err := vmsV2Parent(root); err != nil || p != "/system.slice/nexus.service" {
 		t.Errorf("after the move, the VMs' parent is %q, %v", p, err)
 	}
 }
