@@ -240,7 +240,7 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: r.Image, MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, CPUs: r.CPUs, DiskMiB: r.DiskMiB,
-		Agent: r.Agent, NoPortForward: r.NoPortForward, Ephemeral: r.Ephemeral, Host: g.cfg.Host}
+		DiskBps: r.DiskBps, DiskIOPS: r.DiskIOPS, Agent: r.Agent, NoPortForward: r.NoPortForward, Ephemeral: r.Ephemeral, Host: g.cfg.Host}
 	if sb.Image == "" {
 		sb.Image = DefaultImage
 	}
@@ -261,6 +261,12 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 	switch {
 	case sb.DiskMiB < 0 || sb.DiskMiB > api.MaxDiskMiB:
 		return nil, errdefs.Invalid("--disk %d MiB is out of range: at most %d MiB (%d TiB)", sb.DiskMiB, api.MaxDiskMiB, api.MaxDiskMiB>>20)
+	}
+	if sb.DiskBps != 0 && (sb.DiskBps < api.MinDiskBps || sb.DiskBps > api.MaxDiskBps) {
+		return nil, errdefs.Invalid("--disk-bps %d is out of range: %d KiB to %d GiB per second", sb.DiskBps, api.MinDiskBps>>10, api.MaxDiskBps>>30)
+	}
+	if sb.DiskIOPS != 0 && (sb.DiskIOPS < api.MinDiskIOPS || sb.DiskIOPS > api.MaxDiskIOPS) {
+		return nil, errdefs.Invalid("--disk-iops %d is out of range %d-%d", sb.DiskIOPS, api.MinDiskIOPS, api.MaxDiskIOPS)
 	}
 	if sb.CPUs < 0 || sb.CPUs > MaxVCPUs || (sb.CPUs > 0 && sb.CPUs < 0.01) {
 		return nil, errdefs.Invalid("--cpus %g is out of range 0.01-%d", sb.CPUs, MaxVCPUs)
@@ -388,7 +394,7 @@ func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 		return err
 	}
 	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, CPUs: sb.CPUs, DiskMiB: sb.DiskMiB,
-		Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward,
+		DiskBps: sb.DiskBps, DiskIOPS: sb.DiskIOPS, Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward,
 		NetSocket: perim.netSocket, Env: perim.env, TrustCA: perim.trustCA}
 	for _, m := range sb.Mounts {
 		req.Mounts = append(req.Mounts, vmmapi.Mount{Host: m.Host, Guest: m.Guest, ReadOnly: m.ReadOnly})

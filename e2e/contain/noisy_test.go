@@ -46,14 +46,14 @@ func quietWhile(t *testing.T, name string, d time.Duration) time.Duration {
 
 // TestNoisyNeighbours: beside a sandbox that burns its CPU, fills its disk and fork-bombs (the
 // loads added one after another and left running), a quiet sandbox's exec keeps answering, and
-// the noisy one stays inside its limits as the host sees them: the CPU quota of --cpus, its
-// memory and pids limits, its own cgroup's disk I/O.
+// the noisy one stays inside its limits as the host sees them: the CPU quota of --cpus, the disk
+// write rate of --disk-bps, its memory and pids limits.
 func TestNoisyNeighbours(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/cgroup/cpu/cgroup.procs"); err != nil {
 		t.Skip("no cgroup v1 cpu controller here")
 	}
 	create(t, "noisy/quiet")
-	create(t, "noisy/loud", "--cpus", "0.5")
+	create(t, "noisy/loud", "--cpus", "0.5", "--disk-bps", "2m")
 	pid := qemuPid(t, "noisy/loud")
 	execOK(t, "noisy/quiet")
 
@@ -76,11 +76,13 @@ func TestNoisyNeighbours(t *testing.T) {
 	})
 
 	t.Run("disk", func(t *testing.T) {
-		// 96 MiB of data that is not zeroes (detect-zeroes would not store it), synced: the home
-		// is a 1 GiB ext4, so this leaves it above the watermark.
+		// 32 MiB of data that is not zeroes (detect-zeroes would not store it), synced, against
+		// the loud sandbox's --disk-bps of 2 MiB/s: QEMU holds the guest's writes back, so the
+		// host's page cache takes them no faster (a cgroup v1 blkio throttle never saw them).
 		blkio := cgroupDir(t, pid, "blkio")
 		before := ioBytes(t, blkio)
-		noise(t, "noisy/loud", "tr \"\\000\" x </dev/zero | dd of=/fill bs=1M count=96 conv=fsync; sync; touch /fill.done")
+		w0, t0 := writeBytes(t, pid), time.Now()
+		noise(t, "noisy/loud", "yes xxxxxxxxxxxxxxx | dd of=/fill bs=1M count=32 iflag=fullblock conv=fsync; sync; touch /fill.done")
 		deadline := time.Now().Add(3 * time.Minute)
 		for {
 			quietWhile(t, "noisy/quiet", 0)
@@ -91,12 +93,23 @@ func TestNoisyNeighbours(t *testing.T) {
 				t.Fatalf("the filler did not finish in 3 minutes: %d %s", code, out)
 			}
 		}
+		written, took := writeBytes(t, pid)-w0, time.Since(t0)
+		rate := float64(written) / took.Seconds()
+		t.Logf("the filler's QEMU wrote %d MiB to the host in %s: %.2f MiB/s (--disk-bps 2m); its cgroup saw %d MiB of disk I/O",
+			written>>20, took.Round(time.Millisecond), rate/(1<<20), (ioBytes(t, blkio)-before)>>20)
+		if written < 32<<20 {
+			t.Errorf("the host saw the filler's QEMU write %d MiB of its 32", written>>20)
+		}
+		// The throttle's bucket lets a tenth of a second through at once; the rest is slack for
+		// the file system's own writes.
+		if rate > 2.5*(1<<20) {
+			t.Errorf("the filler wrote %.2f MiB/s, over its --disk-bps of 2 MiB/s", rate/(1<<20))
+		}
 		// The quiet one's own disk writes still go through.
 		out, errOut, code := stack.Nexus(t, "exec", "noisy/quiet", "--", "sh", "-c", "echo written >/q && sync && cat /q")
 		if code != 0 || out != "written\n" {
 			t.Fatalf("the quiet sandbox's disk: exit %d %q %q", code, out, errOut)
 		}
-		t.Logf("the filler's cgroup: %d MiB of disk I/O", (ioBytes(t, blkio)-before)>>20)
 	})
 
 	t.Run("forkbomb", func(t *testing.T) {
@@ -128,6 +141,20 @@ func TestNoisyNeighbours(t *testing.T) {
 			cur, limit, peak>>20, lim>>20, state(t, "noisy/loud"), reason(t, "noisy/loud"))
 	})
 	execOK(t, "noisy/quiet")
+}
+
+// writeBytes is what process pid has written to the host's storage: write_bytes of
+// /proc/PID/io, which counts a buffered write when it dirties the page cache.
+func writeBytes(t *testing.T, pid int) int64 {
+	t.Helper()
+	for _, l := range strings.Split(readTrim(t, fmt.Sprintf("/proc/%d/io", pid)), "\n") {
+		if v, ok := strings.CutPrefix(l, "write_bytes: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	t.Fatalf("no write_bytes in /proc/%d/io", pid)
+	return 0
 }
 
 // ioBytes is the bytes of disk I/O the v1 blkio cgroup dir accounted, all devices.

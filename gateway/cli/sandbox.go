@@ -97,6 +97,7 @@ func createCommand() *cobra.Command {
 	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
 	memoryFlag(f, &r.MemoryMiB)
 	diskFlag(f, &r.DiskMiB)
+	diskRateFlags(f, &r.DiskBps, &r.DiskIOPS)
 	f.IntVar(&r.VCPUs, "vcpus", 0, "virtual CPUs (default 1)")
 	f.Float64Var(&r.CPUs, "cpus", 0, "host CPU time the sandbox may use, in CPUs, fractional allowed (default: its vCPUs)")
 	f.StringVar(&r.Agent, "agent", "", agentFlagHelp)

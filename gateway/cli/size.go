@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	api "github.com/IniZio/nexus/pkg/api/gateway"
 	netapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/bytesize"
 )
@@ -64,6 +65,12 @@ func limitFlags(f *pflag.FlagSet, l *netapi.Limits) {
 // memoryFlag declares --memory on f, into p (MiB).
 func memoryFlag(f *pflag.FlagSet, p *int) {
 	f.Var(mibValue{p}, "memory", "memory: a size such as 512m or 4g, or plain MiB (default 1024 MiB)")
+}
+
+// diskRateFlags declares --disk-bps and --disk-iops on f, into bps (bytes per second) and iops.
+func diskRateFlags(f *pflag.FlagSet, bps *int64, iops *int) {
+	f.Var(bytesValue{bps}, "disk-bps", fmt.Sprintf("disk: most bytes read, and apart written, per second, all its disks together; a size such as 64m (default %dm)", api.DefaultDiskBps>>20))
+	f.IntVar(iops, "disk-iops", 0, fmt.Sprintf("disk: most reads, and apart writes, per second, all its disks together (default %d)", api.DefaultDiskIOPS))
 }
 
 // diskFlag declares --disk on f, into p (MiB).

@@ -189,6 +189,8 @@ var flagTerms = strings.NewReplacer(
 	"--allow-private", "allow_private",
 	"--allow-host", "allowed_hosts",
 	"--idle-timeout", "idle_timeout",
+	"--disk-bps", "disk_bps",
+	"--disk-iops", "disk_iops",
 	"--mount-named", "mount_named",
 	"--memory", "memory",
 	"--vcpus", "vcpus",

@@ -33,6 +33,8 @@ type createArgs struct {
 	TTL          string            `json:"ttl"`
 	IdleTimeout  string            `json:"idle_timeout"`
 	Disk         string            `json:"disk"`
+	DiskBps      string            `json:"disk_bps"`
+	DiskIOPS     int               `json:"disk_iops"`
 	MaxConns     int               `json:"max_conns"`
 	ConnRate     int               `json:"conn_rate"`
 	DNSRate      int               `json:"dns_rate"`
@@ -40,12 +42,12 @@ type createArgs struct {
 	IngressBW    string            `json:"ingress_bandwidth"`
 }
 
-// sizes reads the size arguments of a create: the disk in MiB and the budgets in bytes per
-// second, each a size such as 20g or plain MiB.
-func (a createArgs) sizes() (diskMiB int, l netapi.Limits, err error) {
+// sizes reads the size arguments of a create: the disk in MiB, and its I/O bound and the
+// budgets in bytes per second, each a size such as 20g or plain MiB.
+func (a createArgs) sizes() (diskMiB int, diskBps int64, l netapi.Limits, err error) {
 	if a.Disk != "" {
 		if diskMiB, err = bytesize.ParseMiB(a.Disk); err != nil {
-			return 0, l, errdefs.Invalid("disk: %v", err)
+			return 0, 0, l, errdefs.Invalid("disk: %v", err)
 		}
 	}
 	l = netapi.Limits{MaxConns: a.MaxConns, ConnRate: a.ConnRate, DNSRate: a.DNSRate}
@@ -53,17 +55,17 @@ func (a createArgs) sizes() (diskMiB int, l netapi.Limits, err error) {
 		key string
 		in  string
 		out *int64
-	}{{"egress_bandwidth", a.EgressBW, &l.EgressBandwidth}, {"ingress_bandwidth", a.IngressBW, &l.IngressBandwidth}} {
+	}{{"egress_bandwidth", a.EgressBW, &l.EgressBandwidth}, {"ingress_bandwidth", a.IngressBW, &l.IngressBandwidth}, {"disk_bps", a.DiskBps, &diskBps}} {
 		if b.in == "" {
 			continue
 		}
 		n, err := bytesize.Parse(b.in, bytesize.MiB)
 		if err != nil || n <= 0 {
-			return 0, l, errdefs.Invalid("%s: %q is not a size per second: use a unit, as in 10m or 500k", b.key, b.in)
+			return 0, 0, l, errdefs.Invalid("%s: %q is not a size per second: use a unit, as in 10m or 500k", b.key, b.in)
 		}
 		*b.out = n
 	}
-	return diskMiB, l, nil
+	return diskMiB, diskBps, l, nil
 }
 
 // labelPairs validates labels the way `nexus create -l` does, key by key: a key holding '='
@@ -95,7 +97,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	if err != nil {
 		return nil, err
 	}
-	diskMiB, limits, err := a.sizes()
+	diskMiB, diskBps, limits, err := a.sizes()
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +109,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	defer cancel()
 	sb, err := c.Create(cctx, s.adjustCreate(ctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
 		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout, NoStart: !a.Start,
-		DiskMiB: diskMiB, Limits: limits}))
+		DiskMiB: diskMiB, DiskBps: diskBps, DiskIOPS: a.DiskIOPS, Limits: limits}))
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.
 		s.mu.Lock()

@@ -90,6 +90,8 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithString("ttl", mcpgo.Description("remove the sandbox this long after create, whatever its state: 30m, 2h, 7d (default: never)")),
 			mcpgo.WithString("idle_timeout", mcpgo.Description("pause the sandbox after this long without exec, port or network activity and under 5% CPU; the next exec resumes it: 10m, 1h (default: never)")),
 			mcpgo.WithString("disk", mcpgo.Description("root disk size: 20g, 512m or plain MiB, at least the image's; sparse, refused when the host's free space could not hold it (default: the image's own size)")),
+			mcpgo.WithString("disk_bps", mcpgo.Description(fmt.Sprintf("most bytes the sandbox's disks read, and apart write, per second, a size such as 64m (default %dm)", api.DefaultDiskBps>>20))),
+			mcpgo.WithInteger("disk_iops", mcpgo.Description(fmt.Sprintf("most reads, and apart writes, the sandbox's disks do per second (default %d)", api.DefaultDiskIOPS)), mcpgo.Min(0)),
 			mcpgo.WithInteger("max_conns", mcpgo.Description(fmt.Sprintf("egress budget: most connections and UDP flows open at once (default %d)", netapi.DefaultLimits.MaxConns)), mcpgo.Min(0)),
 			mcpgo.WithInteger("conn_rate", mcpgo.Description(fmt.Sprintf("egress budget: most new connections per second (default %d)", netapi.DefaultLimits.ConnRate)), mcpgo.Min(0)),
 			mcpgo.WithInteger("dns_rate", mcpgo.Description(fmt.Sprintf("egress budget: most DNS queries per second (default %d)", netapi.DefaultLimits.DNSRate)), mcpgo.Min(0)),

@@ -148,6 +148,8 @@ type boot struct {
 	diskMiB       int
 	vcpus         int
 	cpus          float64
+	diskBps       int64
+	diskIOPS      int
 	mounts        []api.Mount
 	volumes       []api.Volume
 	netSocket     string
@@ -178,7 +180,8 @@ type boot struct {
 func (s *Service) newBoot(r api.StartRequest) *boot {
 	return &boot{
 		s: s, id: r.ID, name: r.Name, hostname: r.Hostname, env: r.Env, image: r.Image,
-		memoryMiB: r.MemoryMiB, diskMiB: r.DiskMiB, vcpus: r.VCPUs, cpus: r.CPUs, mounts: r.Mounts, volumes: r.Volumes,
+		memoryMiB: r.MemoryMiB, diskMiB: r.DiskMiB, vcpus: r.VCPUs, cpus: r.CPUs,
+		diskBps: r.DiskBps, diskIOPS: r.DiskIOPS, mounts: r.Mounts, volumes: r.Volumes,
 		netSocket: r.NetSocket, noPortForward: r.NoPortForward, files: r.Files, trustCA: r.TrustCA,
 		progress: r.Progress,
 	}
@@ -323,7 +326,8 @@ func (b *boot) newDisk(ctx context.Context) error {
 func (b *boot) machineSpec() hypervisor.Spec {
 	spec := hypervisor.Spec{
 		ID: b.id, Dir: b.dir, Kernel: b.kern.VmlinuxPath, KernelVersion: b.kern.Version, Initrd: b.initrd,
-		Hostname: b.hostname, MemoryMiB: b.memoryMiB, VCPUs: b.vcpus, CPUs: b.cpus, Disk: b.disk, NetSocket: b.netSocket,
+		Hostname: b.hostname, MemoryMiB: b.memoryMiB, VCPUs: b.vcpus, CPUs: b.cpus,
+		DiskBps: b.diskBps, DiskIOPS: b.diskIOPS, Disk: b.disk, NetSocket: b.netSocket,
 	}
 	if spec.Kernel == "" {
 		spec.Kernel = b.kern.VmlinuzPath

@@ -9,15 +9,19 @@ import (
 
 // CreateRequest asks for a new sandbox; zero values take the defaults.
 type CreateRequest struct {
-	Name       string            `json:"name"`
-	Image      string            `json:"image,omitempty"`
-	Labels     map[string]string `json:"labels,omitempty"`
-	MemoryMiB  int               `json:"memory_mib,omitempty"`
-	VCPUs      int               `json:"vcpus,omitempty"`
-	CPUs       float64           `json:"cpus,omitempty"`     // host CPU quota in CPUs (fractional); 0: vcpus
-	DiskMiB    int               `json:"disk_mib,omitempty"` // root disk size; 0: the image's
-	Agent      string            `json:"agent,omitempty"`
-	EgressMode string            `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
+	Name      string            `json:"name"`
+	Image     string            `json:"image,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	MemoryMiB int               `json:"memory_mib,omitempty"`
+	VCPUs     int               `json:"vcpus,omitempty"`
+	CPUs      float64           `json:"cpus,omitempty"`     // host CPU quota in CPUs (fractional); 0: vcpus
+	DiskMiB   int               `json:"disk_mib,omitempty"` // root disk size; 0: the image's
+	// DiskBps and DiskIOPS bound the sandbox's disk reads and writes (each direction, its disks
+	// together) in bytes and operations per second (--disk-bps, --disk-iops); 0: the defaults.
+	DiskBps    int64  `json:"disk_bps,omitempty"`
+	DiskIOPS   int    `json:"disk_iops,omitempty"`
+	Agent      string `json:"agent,omitempty"`
+	EgressMode string `json:"egress_mode,omitempty"` // curated|allow-all[=DURATION]|none
 	// EgressAsk makes hosts off the list pending requests a person may approve (--egress-ask).
 	EgressAsk     bool     `json:"egress_ask,omitempty"`
 	AllowHosts    []string `json:"allow_hosts,omitempty"`

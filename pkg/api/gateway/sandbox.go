@@ -126,6 +126,14 @@ const (
 	MaxDiskMiB = 4 << 20
 	// DefaultVolumeMiB is a named volume's size without size= (sparse too).
 	DefaultVolumeMiB = 8 << 10
+	// DefaultDiskBps and DefaultDiskIOPS bound a sandbox's disk I/O without --disk-bps and
+	// --disk-iops: each direction, its disks together, per second.
+	DefaultDiskBps  = 256 << 20
+	DefaultDiskIOPS = 8192
+	// MinDiskBps, MaxDiskBps, MinDiskIOPS and MaxDiskIOPS are the range --disk-bps and
+	// --disk-iops take.
+	MinDiskBps, MaxDiskBps   = 64 << 10, 64 << 30
+	MinDiskIOPS, MaxDiskIOPS = 10, 1 << 20
 )
 
 // Sandbox is one record in the registry (KV nexus_sandboxes, key = Name).
@@ -138,7 +146,11 @@ type Sandbox struct {
 	VCPUs     int               `json:"vcpus"`
 	CPUs      float64           `json:"cpus,omitempty"` // host CPU quota; 0: VCPUs
 	// DiskMiB is the root disk's size (--disk); 0 in a record from before it: the image's size.
-	DiskMiB       int             `json:"disk_mib,omitempty"`
+	DiskMiB int `json:"disk_mib,omitempty"`
+	// DiskBps and DiskIOPS bound its disk I/O, each direction, per second (--disk-bps,
+	// --disk-iops); 0, as in a record from before them: DefaultDiskBps, DefaultDiskIOPS.
+	DiskBps       int64           `json:"disk_bps,omitempty"`
+	DiskIOPS      int             `json:"disk_iops,omitempty"`
 	Agent         string          `json:"agent"`
 	Egress        Egress          `json:"egress"`
 	Secrets       []SecretBinding `json:"secrets,omitempty"`

@@ -65,7 +65,11 @@ type StartRequest struct {
 	CPUs      float64 `json:"cpus,omitempty"` // host CPU quota in CPUs; 0: VCPUs
 	// DiskMiB is the size of a new root disk (the overlay's virtual size, which the guest's root
 	// file system grows to); 0: the image's own size. An existing disk keeps its size.
-	DiskMiB   int               `json:"disk_mib,omitempty"`
+	DiskMiB int `json:"disk_mib,omitempty"`
+	// DiskBps and DiskIOPS bound the VM's disk I/O (each direction, its disks together) per
+	// second; 0: the vmm's defaults.
+	DiskBps   int64             `json:"disk_bps,omitempty"`
+	DiskIOPS  int               `json:"disk_iops,omitempty"`
 	Hostname  string            `json:"hostname"`
 	Env       map[string]string `json:"env,omitempty"` // applied to every exec; may hold placeholders
 	Mounts    []Mount           `json:"mounts,omitempty"`

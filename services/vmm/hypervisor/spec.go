@@ -58,6 +58,12 @@ type Spec struct {
 	// CPUs is the host CPU time the VM may use, in CPUs (fractional: 0.5 is half of one); 0:
 	// VCPUs. The driver enforces it (QEMU: its cgroup's CPU quota).
 	CPUs float64 `json:",omitempty"`
+	// DiskBps and DiskIOPS bound the VM's disk reads and writes, each direction, its disks
+	// together, per second; 0: the driver's defaults. The driver enforces them where the
+	// guest's I/O starts (QEMU: a throttle group on its drives), so buffered writes the host
+	// writes back later count too.
+	DiskBps  int64 `json:",omitempty"`
+	DiskIOPS int   `json:",omitempty"`
 
 	Disk       string // root disk: qcow2 overlay over the read-only base image
 	NetSocket  string // unix socket the hypervisor listens on for the user-mode network stack; empty: no NIC at all

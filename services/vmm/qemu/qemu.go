@@ -50,8 +50,8 @@ type Config struct {
 	// ProbeTimeout bounds the KVM probe boot; default 5s (a working KVM reaches /init in under 1s).
 	ProbeTimeout time.Duration
 	Logger       zerolog.Logger
-	// DiskBps and DiskIOPS throttle each VM's reads and writes (each direction) on the device
-	// holding its directory, through its cgroup; default 256 MiB/s and 8192.
+	// DiskBps and DiskIOPS throttle the reads and writes (each direction) of a VM whose Spec
+	// asks for no limit of its own, in QEMU and its cgroup; default 256 MiB/s and 8192.
 	DiskBps, DiskIOPS uint64
 	// JailHelper is the nexus binary, whose hidden subcommand JailCommand starts QEMU contained
 	// (jail.go); empty (tests of this package), or a vmm not running as root, starts QEMU directly.

@@ -103,6 +103,7 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	defer logf.Close()
+	d.diskDefaults(&spec)
 	cg, err := newCgroup(cgroupName(spec.ID, spec.Dir), d.limitsFor(&spec, accel))
 	if err != nil {
 		d.cfg.Logger.Warn().Err(err).Str("vm", spec.ID).Msg("qemu runs without a cgroup of its own")
