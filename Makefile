@@ -9,7 +9,8 @@ export NEXUS_CACHE ?= $(NEXUS_HOME)/cache
 export NEXUS_BIN_DIR := $(CURDIR)/bin
 # apt packages the stack and its tests need; installed only when missing.
 APT_PKGS := qemu-system-x86 qemu-utils debootstrap busybox-static cpio kmod e2fsprogs tmux \
-	openssh-server openssh-client git curl ca-certificates socat systemd
+	openssh-server openssh-client git curl ca-certificates socat systemd \
+	python3 python3-pip python3-setuptools python3-wheel
 # Peers that benchmarks compare against.
 BENCH_PKGS := passt mitmproxy iperf3
 # Packages whose tests boot QEMU, fetch the guest kernel or build images run one at a time

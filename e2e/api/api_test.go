@@ -347,6 +347,36 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("ports and images", func(t *testing.T) {
+		var ports struct {
+			Ports []struct {
+				Sandbox string `json:"sandbox"`
+			} `json:"ports"`
+		}
+		must(t, call(t, read, "GET", boxPath+"/ports", nil), 200).decode(t, &ports)
+		for _, p := range ports.Ports {
+			if p.Sandbox != box {
+				t.Errorf("%s's ports list another sandbox's: %+v", box, ports)
+			}
+		}
+		must(t, call(t, read, "GET", "/v1/ports", nil), 200)
+		var images struct {
+			Images []struct {
+				Name string `json:"name"`
+			} `json:"images"`
+		}
+		must(t, call(t, read, "GET", "/v1/images", nil), 200).decode(t, &images)
+		found := false
+		for _, im := range images.Images {
+			found = found || im.Name == "nexus-mini"
+		}
+		if !found {
+			t.Errorf("GET /v1/images lacks nexus-mini, which %s runs: %+v", box, images)
+		}
+	})
+
+	t.Run("sdks", func(t *testing.T) { testSDKs(t, write) })
+
 	must(t, call(t, write, "DELETE", boxPath, nil), 200)
 	if r := call(t, read, "GET", boxPath, nil); r.status != 404 {
 		t.Errorf("get after remove: %d %s", r.status, r.body)
