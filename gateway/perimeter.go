@@ -32,16 +32,11 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	for k, v := range prof.GuestEnv {
 		p.env[k] = v
 	}
-	if prof.CredDirLiveMount {
+	if dir, ok := liveCredDir(prof); ok {
 		// The profile's credential directory is live-mounted read-write (claude-code: ~/.claude)
 		// when the host has one; the guardian keeps its token fresh.
-		if h, err := os.UserHomeDir(); err == nil {
-			dir := filepath.Join(h, prof.CredDir)
-			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-				p.mounts = append(p.mounts, vmmapi.Mount{Host: dir, Guest: prof.GuestCredPath, Remount: true})
-				g.cred().Guard(ctx, sb.ID)
-			}
-		}
+		p.mounts = append(p.mounts, vmmapi.Mount{Host: dir, Guest: prof.GuestCredPath, Remount: true})
+		g.cred().Guard(ctx, sb.ID)
 	}
 	if plan.egress.Mode == api.EgressNone {
 		return p, nil
@@ -107,4 +102,19 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// liveCredDir is the host directory a profile live-mounts (claude-code: ~/.claude), when it
+// has one and this host has it.
+func liveCredDir(prof profile.Profile) (string, bool) {
+	if !prof.CredDirLiveMount {
+		return "", false
+	}
+	h, err := os.UserHomeDir()
+	if err != nil {
+		return "", false
+	}
+	dir := filepath.Join(h, prof.CredDir)
+	fi, err := os.Stat(dir)
+	return dir, err == nil && fi.IsDir()
 }

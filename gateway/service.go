@@ -304,6 +304,9 @@ func (g *Service) validate(ctx context.Context, r api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	sb.Egress, sb.Secrets, sb.Config = plan.egress, plan.secrets, plan.config
+	if err := g.place(ctx, sb, r, prof); err != nil {
+		return nil, err
+	}
 	return sb, nil
 }
 

@@ -64,7 +64,7 @@ func lifecycleCommands() []*cobra.Command {
 
 func createCommand() *cobra.Command {
 	var r api.CreateRequest
-	var labels []string
+	var labels, hostLabels []string
 	var configPath string
 	cmd := &cobra.Command{
 		Use:   "create [project/]NAME",
@@ -73,6 +73,9 @@ func createCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if r.Labels, err = api.ParseLabels(labels); err != nil {
+				return err
+			}
+			if r.HostLabels, err = api.ParseLabels(hostLabels); err != nil {
 				return err
 			}
 			if r.Config, err = config.ForCreate(configPath); err != nil {
@@ -110,6 +113,8 @@ func createCommand() *cobra.Command {
 	f.StringArrayVar(&r.Mounts, "mount", nil, "share HOST:GUEST[:ro] over virtio-9p (repeatable)")
 	f.StringArrayVar(&r.MountNamed, "mount-named", nil, fmt.Sprintf("named volume NAME:GUEST[,kind=disk][,size=SIZE]: a per-sandbox ext4 disk for write-heavy paths, sparse, size as in 2g (default %dg) (repeatable)", api.DefaultVolumeMiB>>10))
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
+	f.StringVar(&r.Host, "host", "", "place the sandbox on this host of the cluster (nexus hosts; default: the one with the most free memory)")
+	f.StringArrayVar(&hostLabels, "host-label", nil, "place the sandbox on a host with label key=value (repeatable)")
 	f.StringVar(&r.TTL, "ttl", "", "remove the sandbox this long after create, whatever its state (30m, 2h, 7d; default: never)")
 	f.StringVar(&r.IdleTimeout, "idle-timeout", "", "pause the sandbox after this long without exec, attach, copy, port-forward or network activity and under 5% CPU; the next exec resumes it (default: never)")
 	limitFlags(f, &r.Limits)

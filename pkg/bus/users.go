@@ -73,6 +73,12 @@ func kvWrite(bucket string) []string {
 	return append(kvRead(bucket), "$KV."+bucket+".>", "$JS.API.CONSUMER.DELETE.KV_"+bucket+".*")
 }
 
+// kvList is kvRead plus removing the consumers its key listings leave (nats.go deletes them
+// when a listing ends, and waits for the answer).
+func kvList(bucket string) []string {
+	return append(kvRead(bucket), "$JS.API.CONSUMER.DELETE.KV_"+bucket+".*")
+}
+
 // AuditPublish is what a service may publish audit events on: its own prefix only, so that no
 // service can write events in another's name (nexus.audit.<service>.<sandbox>).
 func AuditPublish(service string) string { return AuditPrefix + "." + service + ".>" }
@@ -108,7 +114,7 @@ func permissions(user, host string) *server.Permissions {
 		perm := p(join(
 			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
 				EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>", AuditPublish(UserGateway)},
-			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots), kvRead(KVHosts),
+			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots), kvList(KVHosts),
 			// `nexus ps` and `egress show` look up each sandbox's last `suppressed` summary.
 			[]string{"$JS.API.STREAM.INFO." + StreamAudit, "$JS.API.STREAM.MSG.GET." + StreamAudit, "$JS.API.DIRECT.GET." + StreamAudit + ".>"}),
 			[]string{GatewayAPI.All(), EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
@@ -142,7 +148,7 @@ func permissions(user, host string) *server.Permissions {
 		return p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"},
 			kvWrite(KVLeases), streamRead(StreamAudit),
 			// `nexus hosts` reads the heartbeats; `nexus hosts drain` writes drain.<host>.
-			kvRead(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
+			kvList(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
 	}
 	// Unknown users get nothing at all.

@@ -57,6 +57,11 @@ type CreateRequest struct {
 	// profile's (codex's OPENAI_API_KEY). The HTTP API sets it for a caller below admin, whose
 	// creates may not reach the host's secrets.
 	NoStoredSecrets bool `json:"no_stored_secrets,omitempty"`
+	// Host places the sandbox on that host (--host); HostLabels on a host whose heartbeat has
+	// every one of these labels (--host-label zone=a). Neither: the host up with the most free
+	// memory that fits, or the gateway's own when what it needs is there only (--mount).
+	Host       string            `json:"host,omitempty"`
+	HostLabels map[string]string `json:"host_labels,omitempty"`
 }
 
 // ListRequest selects sandboxes; stopped and failed ones only with All.
