@@ -38,7 +38,8 @@ func pulledImage(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	files := []ocitest.File{{Name: "bin/", Type: tar.TypeDir}, {Name: "bin/busybox", Body: string(body), Mode: 0o755}}
+	files := []ocitest.File{{Name: "bin/", Type: tar.TypeDir}, {Name: "bin/busybox", Body: string(body), Mode: 0o755},
+		{Name: "etc/", Type: tar.TypeDir}, {Name: "etc/passwd", Body: "root:x:0:0:root:/root:/bin/sh\n"}, {Name: "tmp/", Type: tar.TypeDir, Mode: 0o1777}}
 	for _, a := range []string{"sh", "true", "cat"} {
 		files = append(files, ocitest.File{Name: "bin/" + a, Type: tar.TypeSymlink, Link: "busybox"})
 	}
