@@ -113,13 +113,21 @@ func (s *Server) clusterLoop(ctx context.Context) {
 				s.log.Warn().Err(err).Msg("cluster: JetStream not ready yet (it needs a quorum of the cluster's nodes: two of three)")
 			}
 		}
-		select {
-		case <-s.stop:
+		if !s.next(ctx, tick) {
 			return
-		case <-ctx.Done():
-			return
-		case <-tick.C:
 		}
+	}
+}
+
+// next waits for tick; false once the server stops or ctx ends.
+func (s *Server) next(ctx context.Context, tick *time.Ticker) bool {
+	select {
+	case <-s.stop:
+		return false
+	case <-ctx.Done():
+		return false
+	case <-tick.C:
+		return true
 	}
 }
 
@@ -144,12 +152,8 @@ func (s *Server) tokenLoop(ctx context.Context) {
 				s.log.Warn().Err(err).Msg("cluster: reloading the join users")
 			}
 		}
-		select {
-		case <-s.stop:
+		if !s.next(ctx, tick) {
 			return
-		case <-ctx.Done():
-			return
-		case <-tick.C:
 		}
 	}
 }
