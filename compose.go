@@ -73,7 +73,7 @@ func runners() map[string]func(ctx context.Context, env runEnv) error {
 		},
 		bus.UserVMM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
-				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel, JailHelper: jailHelper()}, MinFreeDisk: env.set.MinFreeDisk, Labels: env.set.HostLabels,
+				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel, JailHelper: jailHelper(), Virtiofsd: virtiofsd(env.set.MountFS)}, MinFreeDisk: env.set.MinFreeDisk, Labels: env.set.HostLabels,
 				Admission: vmm.Admission{MemoryShare: env.set.MemoryShare, VCPUOvercommit: env.set.VCPUOvercommit}})
 		},
 		bus.UserNetstack: func(ctx context.Context, env runEnv) error {
@@ -335,6 +335,17 @@ func connectWaiting(ctx context.Context, g *cli.Global, user string, wait time.D
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// virtiofsd is the virtiofsd that serves --mount worktrees for mount-fs mode, or empty (9p).
+func virtiofsd(mode string) string {
+	if mode == "9p" {
+		return ""
+	}
+	if st, err := os.Stat(qemu.DefaultVirtiofsd); err != nil || st.Mode()&0o111 == 0 {
+		return ""
+	}
+	return qemu.DefaultVirtiofsd
 }
 
 // jailHelper is this binary, whose hidden subcommand starts QEMU contained; empty when it

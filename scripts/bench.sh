@@ -84,6 +84,7 @@ runs=(
 	"./e2e/bench GuestNet 1x"
 	"./e2e/bench NoisyNeighbour 1x"
 	"./gateway PS10000 3x"
+	"./e2e/bench MountedGitStatus 1x"
 	"./services/mitm . 2s"
 	"./services/netstack . 2s"
 	"./services/portfwd . 2s"

@@ -63,6 +63,7 @@ type Values struct {
 	Host            string
 	Cache           string // empty: Home's cache directory
 	Accel           string
+	MountFS         string // auto or 9p: how --mount worktrees are shared
 	MITMAddr        string
 	UpstreamDNS     string
 	ClaudeTokenURL  string
@@ -161,6 +162,11 @@ var Table = []Setting{
 		set: text(func(v *Values) *string { return &v.Accel }, func(s string) bool {
 			return s == "auto" || s == "kvm" || s == "tcg"
 		}, "one of auto, kvm, tcg")},
+	{Flag: "mount-fs", Env: "NEXUS_MOUNT_FS", Default: "auto", Arg: "auto|9p", Scope: Stack,
+		Help: "how --mount worktrees are shared: auto serves them over virtiofs where QEMU's virtiofsd is installed, else 9p",
+		set: text(func(v *Values) *string { return &v.MountFS }, func(s string) bool {
+			return s == "auto" || s == "9p"
+		}, "one of auto, 9p")},
 	{Flag: "metrics-addr", Env: "NEXUS_METRICS_ADDR", Arg: "[host]:port", Scope: Stack,
 		Help:  "serve Prometheus metrics at http://ADDR/metrics (a bare :port is 127.0.0.1; anything wider is up to you)",
 		Unset: "off",

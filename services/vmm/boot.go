@@ -332,9 +332,10 @@ func (b *boot) machineSpec() hypervisor.Spec {
 	if spec.Kernel == "" {
 		spec.Kernel = b.kern.VmlinuzPath
 	}
+	asRoot := runsAsRoot(b.s.imageConfig(b.dir))
 	for i, m := range b.mounts {
 		spec.Mounts = append(spec.Mounts, hypervisor.Mount{HostPath: m.Host, Tag: hypervisor.MountTag(i), ReadOnly: m.ReadOnly,
-			Guest: m.Guest, Remount: m.Remount})
+			Guest: m.Guest, Remount: m.Remount, Virtiofs: wantsVirtiofs(m, asRoot)})
 	}
 	spec.ExtraDisks = b.disks
 	return spec
@@ -360,6 +361,7 @@ func (b *boot) startVM(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	b.spec = vm.Spec() // which shares the driver serves over virtiofs
 	b.running(vm)
 	return nil
 }

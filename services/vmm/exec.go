@@ -298,19 +298,35 @@ func quietConsole(b []byte) []byte {
 	return out
 }
 
-// mount mounts a 9p share in the guest.
-func (s *Service) mount(ctx context.Context, agent *guest.Client, tag string, m api.Mount) error {
-	opts := "trans=virtio,version=9p2000.L,msize=262144,cache=mmap"
+// mount mounts a host share in the guest: over virtiofs when the driver serves it so, else 9p.
+// What the guest caches of a virtiofs share is virtiofsd's to say (its cache and timeout
+// options, pinned by the driver); 9p's cache=mmap caches no metadata, so host edits show at once.
+func (s *Service) mount(ctx context.Context, agent *guest.Client, tag string, m hypervisor.Mount) error {
+	fstype, opts := "9p", "trans=virtio,version=9p2000.L,msize=262144,cache=mmap"
+	if m.Virtiofs {
+		fstype, opts = "virtiofs", "rw"
+	}
 	if m.ReadOnly {
 		opts += ",ro"
 	}
 	var out bytes.Buffer
-	st, err := agent.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `mkdir -p "$1" && mount -t 9p -o "$2" "$3" "$1"`, "sh", m.Guest, opts, tag}}, nil, &out, &out, nil)
+	st, err := agent.Exec(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `mkdir -p "$1" && mount -t "$4" -o "$2" "$3" "$1"`, "sh", m.Guest, opts, tag, fstype}}, nil, &out, &out, nil)
 	if err != nil {
 		return err
 	}
 	if st.Code != 0 {
-		return fmt.Errorf("mount %s at %s: %s", m.Host, m.Guest, strings.TrimSpace(out.String()))
+		return fmt.Errorf("mount %s at %s: %s", m.HostPath, m.Guest, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// wantsVirtiofs says whether a share should be served over virtiofs. Only a sandbox's --mount
+// worktrees are: the profile's live mounts (Remount) stay on 9p so the sandbox can still be
+// snapshotted and forked (QEMU 7.2 cannot migrate a vhost-user-fs device, and a fork's RAM is
+// mapped privately where vhost-user needs it shared); a read-only share stays on 9p, whose
+// read-only export QEMU enforces (7.2's virtiofsd has none); and a guest whose commands run as a
+// user other than root stays on 9p, because virtiofsd runs as the share's owner mapped to root
+// in a user namespace and cannot create files for any other guest uid.
+func wantsVirtiofs(m api.Mount, asRoot bool) bool {
+	return !m.Remount && !m.ReadOnly && asRoot
 }

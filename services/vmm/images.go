@@ -383,3 +383,13 @@ func (s *Service) receiveArchive(r api.ImageRequest) (string, error) {
 		}
 	}
 }
+
+// runsAsRoot says whether an image's commands run as root in the guest (its config names no
+// other user).
+func runsAsRoot(c *image.Config) bool {
+	if c == nil {
+		return true
+	}
+	u, _, _ := strings.Cut(c.User, ":")
+	return u == "" || u == "root" || u == "0"
+}

@@ -245,7 +245,7 @@ func (s *Service) remount(ctx context.Context, agent *guest.Client, spec hypervi
 	var errs []error
 	for _, i := range idx {
 		mt := spec.Mounts[i]
-		if err := s.mount(ctx, agent, mt.TagAt(i), api.Mount{Host: mt.HostPath, Guest: mt.Guest, ReadOnly: mt.ReadOnly}); err != nil {
+		if err := s.mount(ctx, agent, mt.TagAt(i), mt); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -260,7 +260,7 @@ func (s *Service) mountRefusal(ctx context.Context, m *machine, spec hypervisor.
 	if st, err := m.agent.Exec(ctx, guest.ExecRequest{Argv: []string{"cat", "/proc/mounts"}}, nil, out, io.Discard, nil); err == nil && st.Code == 0 {
 		for _, l := range strings.Split(out.String(), "\n") {
 			f := strings.Fields(l)
-			if len(f) >= 3 && f[2] == "9p" && len(f[1]) <= 256 {
+			if len(f) >= 3 && (f[2] == "9p" || f[2] == "virtiofs") && len(f[1]) <= 256 {
 				guestOf[f[0]] = strings.ToValidUTF8(f[1], "?")
 			}
 		}

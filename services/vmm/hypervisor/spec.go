@@ -5,20 +5,25 @@ import (
 	"fmt"
 )
 
-// Mount is a host directory shared into the guest over virtio-9p.
+// Mount is a host directory shared into the guest over virtio-9p, or over virtiofs when Virtiofs
+// is set.
 type Mount struct {
 	HostPath string
-	Tag      string // 9p mount tag; default nexus<N> by position
+	Tag      string // mount tag; default nexus<N> by position
 	ReadOnly bool
+	// Virtiofs asks for the share to be served over virtiofs (a vhost-user daemon beside the
+	// hypervisor) rather than 9p. A driver that cannot serve it so clears it: the Spec its VM
+	// gives back says what the guest must mount.
+	Virtiofs bool `json:",omitempty"`
 	// Guest and Remount are recorded for snapshots (api.Mount.Remount); the driver does not use them.
 	Guest   string `json:",omitempty"`
 	Remount bool   `json:",omitempty"`
 }
 
-// MountTag is the 9p tag of the i-th mount: nexus<i>.
+// MountTag is the tag of the i-th mount: nexus<i>.
 func MountTag(i int) string { return fmt.Sprintf("nexus%d", i) }
 
-// TagAt is m's 9p tag when it is the i-th mount.
+// TagAt is m's tag when it is the i-th mount.
 func (m Mount) TagAt(i int) string {
 	if m.Tag != "" {
 		return m.Tag

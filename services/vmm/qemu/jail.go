@@ -53,6 +53,9 @@ type jailSpec struct {
 	Binds []jailBind `json:"binds"`
 	Devs  []string   `json:"devs"` // device nodes bound into /dev
 	Argv  []string   `json:"argv"` // QEMU's, argv[0] its absolute path
+	// Virtiofsd: the helper runs in the user and mount namespaces of a virtiofsd (virtiofs.go)
+	// and only gives it a private /run before it execs it; virtiofsd contains itself.
+	Virtiofsd bool `json:"virtiofsd,omitempty"`
 }
 
 // jailBind is a host path bound into the root at the same path.
@@ -86,6 +89,9 @@ func JailMain(args []string) int {
 
 func (js *jailSpec) enter() error {
 	runtime.LockOSThread()
+	if js.Virtiofsd {
+		return js.enterVirtiofsd()
+	}
 	if os.Getpid() != 1 {
 		return errors.New("not in a PID namespace of its own")
 	}
@@ -320,7 +326,9 @@ func (d *Driver) jailFor(spec *VMSpec, accel, ram string, uid, gid int, argv []s
 		}
 	}
 	for _, m := range spec.Mounts {
-		add(m.HostPath, m.ReadOnly)
+		if !m.Virtiofs { // a virtiofs share is virtiofsd's to open, never QEMU's
+			add(m.HostPath, m.ReadOnly)
+		}
 	}
 	if spec.NetSocket != "" && filepath.Dir(spec.NetSocket) != spec.Dir {
 		add(filepath.Dir(spec.NetSocket), false)
@@ -387,3 +395,18 @@ func (vm *VM) Containment() string { return vm.containment }
 // jailed says whether QEMU is started through the helper: the vmm runs as root and knows the
 // helper binary.
 func (d *Driver) jailed() bool { return d.cfg.JailHelper != "" && os.Geteuid() == 0 }
+
+// enterVirtiofsd execs virtiofsd with a private /run: as root it writes its pid lock under
+// /run/virtiofsd, which root of its user namespace (the share's owner) cannot create on the host.
+func (js *jailSpec) enterVirtiofsd() error {
+	if len(js.Argv) == 0 || !filepath.IsAbs(js.Argv[0]) {
+		return errors.New("no virtiofsd to run")
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := unix.Mount("tmpfs", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
+		return fmt.Errorf("/run: %w", err)
+	}
+	return syscall.Exec(js.Argv[0], js.Argv, []string{"PATH=/usr/bin:/bin"})
+}

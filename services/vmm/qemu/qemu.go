@@ -58,6 +58,9 @@ type Config struct {
 	JailHelper string
 	// UID and GID are what QEMU runs as when contained; default DefaultUID.
 	UID, GID int
+	// Virtiofsd is QEMU's virtiofsd (DefaultVirtiofsd), which serves the mounts a spec asks to
+	// have over virtiofs (virtiofs.go); empty serves every mount over 9p.
+	Virtiofsd string
 }
 
 // Driver starts, restores and adopts QEMU microVMs: the hypervisor.Driver of QEMU.

@@ -59,7 +59,7 @@ func validate(s *VMSpec) error {
 		return errdefs.Invalid("vm %s: directory must be an absolute path without commas", s.ID)
 	}
 	// QEMU's unix socket paths must fit sun_path.
-	if len(qmpPath(s.Dir)) > 100 || len(AgentSocket(s.Dir)) > 100 {
+	if len(qmpPath(s.Dir)) > 100 || len(AgentSocket(s.Dir)) > 100 || len(vfsSocket(s.Dir, len(s.Mounts))) > 107 {
 		return errdefs.Invalid("vm %s: directory path %s is too long for unix sockets", s.ID, s.Dir)
 	}
 	if s.MemoryMiB < MinMemoryMiB {
@@ -311,7 +311,22 @@ func commandLine(s *VMSpec, accel, ramPath string, now time.Time) []string {
 		a = append(a, netdev...)
 		a = append(a, "-device", "virtio-net-device,netdev=net0,mac="+mac)
 	}
+	modern := false
 	for i, m := range s.Mounts {
+		if m.Virtiofs {
+			// libvhost-user serves only modern (virtio 1.0) devices, and microvm's virtio-mmio
+			// transports are legacy by default: a machine with virtiofs has modern ones (only it,
+			// so the saved state of every other machine keeps its layout).
+			if !modern {
+				a = append(a, "-global", "virtio-mmio.force-legacy=false")
+				modern = true
+			}
+			// vhost-user needs the guest RAM shared with virtiofsd: the memory backend above is
+			// a shared file (a restore, mapped privately, never has virtiofs mounts).
+			a = append(a, "-chardev", fmt.Sprintf("socket,id=vfs%d,path=%s", i, vfsSocket(s.Dir, i)),
+				"-device", fmt.Sprintf("vhost-user-fs-device,chardev=vfs%d,tag=%s", i, m.TagAt(i)))
+			continue
+		}
 		fs := fmt.Sprintf("local,id=fs%d,path=%s,security_model=none", i, m.HostPath)
 		if m.ReadOnly {
 			fs += ",readonly=on"

@@ -37,6 +37,8 @@ type state struct {
 	Cgroup  *vmCgroup `json:"cgroup,omitempty"` // absent for VMs of builds before cgroups (cgroup.go)
 	// Containment says how QEMU is contained (jail.go); absent for VMs of builds before it.
 	Containment string `json:"containment,omitempty"`
+	// Virtiofsd are the pids of the daemons serving its virtiofs mounts (virtiofs.go).
+	Virtiofsd []int `json:"virtiofsd,omitempty"`
 }
 
 // VM is a handle on one running QEMU process (a hypervisor.VM). Dropping the handle (Close)
@@ -54,6 +56,8 @@ type VM struct {
 	pidfd       int
 	cg          *vmCgroup // nil: not in a cgroup of its own
 	containment string
+	virtiofsd   []int  // the daemons serving its virtiofs mounts
+	died        string // why the driver stopped it, when it did
 	done        chan struct{}
 	mu          sync.Mutex
 	exitErr     error
@@ -109,14 +113,19 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		d.cfg.Logger.Warn().Err(err).Str("vm", spec.ID).Msg("qemu runs without a cgroup of its own")
 	}
 	now := time.Now()
+	uid, gid, containment := d.identity(&spec)
+	d.settleVirtiofs(&spec, uid, gid)
 	argv := commandLine(&spec, accel, ram, now)
 	cmd := exec.Command(d.binary, argv...)
 	// Own session: a signal to the vmm's process group (or its death) does not reach QEMU.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	containment := notContained
+	var vfs []int
 	if d.jailed() {
-		uid, gid, c := d.identity(&spec)
 		if err := prepareJail(&spec, ram, uid, gid); err != nil {
+			cg.removeIfAny()
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+		if vfs, err = d.startVirtiofsd(ctx, &spec, uid, gid, cg); err != nil {
 			cg.removeIfAny()
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
@@ -124,11 +133,13 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		cmd = exec.Command(d.cfg.JailHelper, JailCommand, string(js))
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
 			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS}
-		containment = c
+	} else {
+		containment = notContained
 	}
 	cmd.Dir = spec.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
+		killVirtiofsd(spec.Dir, vfs)
 		if cg != nil {
 			cg.remove()
 		}
@@ -140,22 +151,24 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 	}
 	vm := &VM{
 		ID: spec.ID, Dir: spec.Dir, pid: cmd.Process.Pid, accel: accel, started: now,
-		ramPath: ram, spec: spec, pidfd: pidfd, cg: cg, containment: containment, done: make(chan struct{}),
+		ramPath: ram, spec: spec, pidfd: pidfd, cg: cg, containment: containment, virtiofsd: vfs, done: make(chan struct{}),
 	}
 	go func() {
 		err := cmd.Wait()
 		vm.exited(err)
 	}()
+	vm.watchVirtiofsd(vfs)
 	if cg != nil {
 		if err := cg.add(vm.pid); err != nil {
 			vm.Kill()
 			vm.Close()
+			killVirtiofsd(spec.Dir, vfs)
 			cg.remove()
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
 	}
 	st := state{ID: spec.ID, Pid: vm.pid, Accel: accel, RAMPath: ram, Started: now, Binary: d.binary, Spec: &spec, Cgroup: cg,
-		Containment: containment}
+		Containment: containment, Virtiofsd: vfs}
 	b, _ := json.Marshal(st)
 	if err := atomicfile.WriteFile(statePath(spec.Dir), b, 0o600); err == nil {
 		err = atomicfile.WriteFile(pidPath(spec.Dir), []byte(strconv.Itoa(vm.pid)+"\n"), 0o600)
@@ -163,11 +176,13 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 	if err != nil {
 		vm.Kill()
 		vm.Close()
+		killVirtiofsd(spec.Dir, vfs)
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	if err := vm.connect(ctx); err != nil {
 		vm.Kill()
 		vm.Close()
+		killVirtiofsd(spec.Dir, vfs)
 		if l := lastLine(logPath(spec.Dir)); l != "" {
 			return nil, fmt.Errorf("start %s: %w: %s", spec.ID, err, l)
 		}
@@ -257,6 +272,8 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (hypervisor.VM, error) {
 		return nil, fmt.Errorf("adopt %s: %w", dir, err)
 	}
 	go vm.watchPidfd(watchFd)
+	vm.virtiofsd = st.Virtiofsd
+	vm.watchVirtiofsd(st.Virtiofsd)
 	if err := vm.connect(ctx); err != nil {
 		vm.Close()
 		return nil, fmt.Errorf("adopt %s: %w", dir, err)
@@ -416,6 +433,7 @@ func (vm *VM) Cleanup() error {
 	}
 	vm.Close()
 	removeRAM(vm.ramPath)
+	killVirtiofsd(vm.Dir, vm.virtiofsd)
 	var errs []error
 	if err := vm.cg.removeIfAny(); err != nil {
 		errs = append(errs, err)
@@ -492,4 +510,12 @@ func (vm *VM) DiskErrors() hypervisor.DiskErrors {
 }
 
 // ExitReason says why QEMU exited when the driver knows; see cgroup.go.
-func (vm *VM) ExitReason() string { return vm.oomReason() }
+func (vm *VM) ExitReason() string {
+	vm.mu.Lock()
+	died := vm.died
+	vm.mu.Unlock()
+	if died != "" {
+		return died
+	}
+	return vm.oomReason()
+}
