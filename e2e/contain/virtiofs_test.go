@@ -14,18 +14,20 @@ import (
 	"github.com/IniZio/nexus/internal/testutil"
 )
 
-// virtiofsd finds the daemons serving the sandbox's mounts from their command lines: the one
-// the vmm started, and its own namespaced child.
+// virtiofsd finds the daemon the vmm started for the sandbox (its environment names the sandbox
+// directory) and the one it forked into its own namespaces.
 func virtiofsd(t *testing.T, name string) (pids []int, argv []string) {
 	t.Helper()
 	dir := stack.Home.Sandbox(sandboxID(t, name))
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !bytes.Contains(b, []byte("--socket-path="+dir+"/")) {
+		comm, _ := os.ReadFile(p + "/comm")
+		env, _ := os.ReadFile(p + "/environ")
+		if !bytes.HasPrefix(comm, []byte("virtiofsd")) || !bytes.Contains(env, []byte("NEXUS_VIRTIOFS_SANDBOX="+dir+"\x00")) {
 			continue
 		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pid, _ := strconv.Atoi(filepath.Base(p))
+		b, _ := os.ReadFile(p + "/cmdline")
 		pids = append(pids, pid)
 		argv = strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	}
@@ -36,7 +38,8 @@ func virtiofsd(t *testing.T, name string) (pids []int, argv []string) {
 // holds and prints how long that took in ms; -1 when it never did.
 func guestWait(t *testing.T, name, cond string) int {
 	t.Helper()
-	script := `s=$(date +%s%N); i=0; until ` + cond + `; do i=$((i+1)); [ $i -gt 500 ] && { echo -1; exit; }; sleep 0.01; done; echo $(( ($(date +%s%N) - s) / 1000000 ))`
+	script := `up() { read u _ </proc/uptime; echo "${u%.*}${u#*.}0"; }; s=$(up); i=0
+until ` + cond + `; do i=$((i+1)); [ $i -gt 500 ] && { echo -1; exit; }; sleep 0.01; done; echo $(( $(up) - s ))`
 	out, errOut, code := stack.Nexus(t, "exec", name, "--", "sh", "-c", script)
 	ms, err := strconv.Atoi(strings.TrimSpace(out))
 	if code != 0 || err != nil {
@@ -56,6 +59,7 @@ func TestVirtiofsLiveMount(t *testing.T) {
 	const owner = 61235
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755) // as a home is: the owner can reach the share
+	os.Chmod(filepath.Dir(dir), 0o755)
 	share := filepath.Join(dir, "share")
 	os.Mkdir(share, 0o755)
 	os.WriteFile(filepath.Join(share, "f"), []byte("v1\n"), 0o644)

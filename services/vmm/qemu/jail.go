@@ -54,7 +54,8 @@ type jailSpec struct {
 	Devs  []string   `json:"devs"` // device nodes bound into /dev
 	Argv  []string   `json:"argv"` // QEMU's, argv[0] its absolute path
 	// Virtiofsd: the helper runs in the user and mount namespaces of a virtiofsd (virtiofs.go)
-	// and only gives it a private /run before it execs it; virtiofsd contains itself.
+	// and only gives it a private /run before it execs it; virtiofsd contains itself. Root is
+	// then the sandbox directory, named in its environment (vfsEnv) so the vmm finds it again.
 	Virtiofsd bool `json:"virtiofsd,omitempty"`
 }
 
@@ -396,8 +397,9 @@ func (vm *VM) Containment() string { return vm.containment }
 // helper binary.
 func (d *Driver) jailed() bool { return d.cfg.JailHelper != "" && os.Geteuid() == 0 }
 
-// enterVirtiofsd execs virtiofsd with a private /run: as root it writes its pid lock under
-// /run/virtiofsd, which root of its user namespace (the share's owner) cannot create on the host.
+// enterVirtiofsd execs virtiofsd in the sandbox directory with a private /run: as root it
+// writes its pid lock under /run/virtiofsd, which root of its user namespace (the share's
+// owner) cannot create on the host.
 func (js *jailSpec) enterVirtiofsd() error {
 	if len(js.Argv) == 0 || !filepath.IsAbs(js.Argv[0]) {
 		return errors.New("no virtiofsd to run")
@@ -408,5 +410,11 @@ func (js *jailSpec) enterVirtiofsd() error {
 	if err := unix.Mount("tmpfs", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
 		return fmt.Errorf("/run: %w", err)
 	}
-	return syscall.Exec(js.Argv[0], js.Argv, []string{"PATH=/usr/bin:/bin"})
+	// fd 3 is the sandbox directory, where its socket goes: reached through the descriptor the
+	// vmm opened, since the owner may not search the directories above it.
+	if err := unix.Fchdir(3); err != nil {
+		return fmt.Errorf("sandbox directory: %w", err)
+	}
+	unix.Close(3)
+	return syscall.Exec(js.Argv[0], js.Argv, []string{"PATH=/usr/bin:/bin", vfsEnv + js.Root})
 }

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -103,7 +105,9 @@ func reachable(dir string, uid, gid int) bool {
 // virtiofsdArgs is the i-th mount's virtiofsd command line.
 func (d *Driver) virtiofsdArgs(spec *VMSpec, i int) []string {
 	a := []string{d.cfg.Virtiofsd,
-		"--socket-path=" + vfsSocket(spec.Dir, i),
+		// Relative: the helper starts it in the sandbox directory, whose parents the owner
+		// may not search.
+		"--socket-path=" + filepath.Base(vfsSocket(spec.Dir, i)),
 		"-o", "source=" + spec.Mounts[i].HostPath,
 		"-o", "sandbox=namespace",
 		"-o", "cache=" + virtiofsCache,
@@ -124,9 +128,10 @@ func (d *Driver) virtiofsdArgs(spec *VMSpec, i int) []string {
 // startVirtiofsd starts the virtiofsd of every virtiofs mount of spec, as uid:gid, and waits
 // until each listens. On error none is left running.
 func (d *Driver) startVirtiofsd(ctx context.Context, spec *VMSpec, uid, gid int, cg *vmCgroup) ([]int, error) {
+	killVirtiofsd(spec.Dir) // one a crashed vmm left waiting
 	var pids []int
 	fail := func(err error) ([]int, error) {
-		killVirtiofsd(spec.Dir, pids)
+		killVirtiofsd(spec.Dir)
 		return nil, err
 	}
 	for i, m := range spec.Mounts {
@@ -139,10 +144,16 @@ func (d *Driver) startVirtiofsd(ctx context.Context, spec *VMSpec, uid, gid int,
 		if err != nil {
 			return fail(err)
 		}
-		js, _ := json.Marshal(jailSpec{Virtiofsd: true, Argv: d.virtiofsdArgs(spec, i)})
+		dirf, err := os.Open(spec.Dir)
+		if err != nil {
+			logf.Close()
+			return fail(err)
+		}
+		js, _ := json.Marshal(jailSpec{Virtiofsd: true, Root: spec.Dir, Argv: d.virtiofsdArgs(spec, i)})
 		cmd := exec.Command(d.cfg.JailHelper, JailCommand, string(js))
 		cmd.Dir = "/"
 		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.ExtraFiles = []*os.File{dirf} // fd 3: the helper's working directory
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
 			Cloneflags:                 unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
 			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}},
@@ -152,6 +163,7 @@ func (d *Driver) startVirtiofsd(ctx context.Context, spec *VMSpec, uid, gid int,
 		}
 		err = cmd.Start()
 		logf.Close()
+		dirf.Close()
 		if err != nil {
 			return fail(fmt.Errorf("virtiofsd for %s: %w", m.HostPath, err))
 		}
@@ -193,25 +205,35 @@ func waitListening(ctx context.Context, sock string, exited <-chan struct{}) err
 	}
 }
 
-// isOurVirtiofsd checks /proc/<pid>/cmdline: a virtiofsd serving a socket of dir.
+// vfsEnv names, in a virtiofsd's environment, the sandbox directory it serves: its command line
+// names only its socket relative to where it started, and it moves to / at once.
+const vfsEnv = "NEXUS_VIRTIOFS_SANDBOX="
+
+// isOurVirtiofsd says whether pid is a virtiofsd the vmm started for dir (or the daemon that
+// one forked into its own namespaces, which dies with it).
 func isOurVirtiofsd(pid int, dir string) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
+	p := "/proc/" + strconv.Itoa(pid)
+	b, err := os.ReadFile(p + "/comm")
+	if err != nil || !bytes.HasPrefix(b, []byte("virtiofsd")) {
 		return false
 	}
-	args := bytes.Split(bytes.TrimRight(b, "\x00"), []byte{0})
-	for _, a := range args[1:] {
-		if s, ok := bytes.CutPrefix(a, []byte("--socket-path=")); ok {
-			return filepath.Dir(string(s)) == dir
-		}
-	}
-	return false
+	env, err := os.ReadFile(p + "/environ")
+	return err == nil && slices.Contains(strings.Split(string(env), "\x00"), vfsEnv+dir)
 }
 
-// killVirtiofsd ends the daemons of dir still running and waits (bounded) until they are gone,
-// so the VM's cgroup can be removed.
-func killVirtiofsd(dir string, pids []int) {
-	for _, pid := range pids {
+// killVirtiofsd ends every daemon still serving a socket of dir (found in /proc, so also one a
+// vmm that crashed before it wrote vm.json left waiting for its QEMU) and waits, bounded, until
+// they are gone, so the VM's cgroup can be removed.
+func killVirtiofsd(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(filepath.Base(p))
+		if err != nil {
+			continue
+		}
+		if !isOurVirtiofsd(pid, dir) {
+			continue
+		}
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
 			continue

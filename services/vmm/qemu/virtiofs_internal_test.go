@@ -16,7 +16,7 @@ func TestVirtiofsdArgsPinCacheMode(t *testing.T) {
 	d := &Driver{cfg: Config{Virtiofsd: DefaultVirtiofsd}}
 	spec := &VMSpec{Dir: "/h/sb", Mounts: []Mount{{HostPath: "/src/a"}, {HostPath: "/src/b", Virtiofs: true}}}
 	got := strings.Join(d.virtiofsdArgs(spec, 1), " ")
-	for _, want := range []string{DefaultVirtiofsd + " ", "--socket-path=/h/sb/vfs1.sock", "-o source=/src/b", "-o sandbox=namespace",
+	for _, want := range []string{DefaultVirtiofsd + " ", "--socket-path=vfs1.sock ", "-o source=/src/b", "-o sandbox=namespace",
 		"-o cache=auto", "-o timeout=0.5", "-o no_posix_lock", "-o no_xattr"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("virtiofsd %q lacks %q", got, want)

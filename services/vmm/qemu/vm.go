@@ -139,7 +139,7 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 	cmd.Dir = spec.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		killVirtiofsd(spec.Dir, vfs)
+		killVirtiofsd(spec.Dir)
 		if cg != nil {
 			cg.remove()
 		}
@@ -162,7 +162,7 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 		if err := cg.add(vm.pid); err != nil {
 			vm.Kill()
 			vm.Close()
-			killVirtiofsd(spec.Dir, vfs)
+			killVirtiofsd(spec.Dir)
 			cg.remove()
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
@@ -176,13 +176,13 @@ func (d *Driver) start(ctx context.Context, spec VMSpec) (*VM, error) {
 	if err != nil {
 		vm.Kill()
 		vm.Close()
-		killVirtiofsd(spec.Dir, vfs)
+		killVirtiofsd(spec.Dir)
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	if err := vm.connect(ctx); err != nil {
 		vm.Kill()
 		vm.Close()
-		killVirtiofsd(spec.Dir, vfs)
+		killVirtiofsd(spec.Dir)
 		if l := lastLine(logPath(spec.Dir)); l != "" {
 			return nil, fmt.Errorf("start %s: %w: %s", spec.ID, err, l)
 		}
@@ -433,7 +433,9 @@ func (vm *VM) Cleanup() error {
 	}
 	vm.Close()
 	removeRAM(vm.ramPath)
-	killVirtiofsd(vm.Dir, vm.virtiofsd)
+	if len(vm.virtiofsd) > 0 {
+		killVirtiofsd(vm.Dir)
+	}
 	var errs []error
 	if err := vm.cg.removeIfAny(); err != nil {
 		errs = append(errs, err)
