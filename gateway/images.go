@@ -6,6 +6,7 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/profile"
 )
 
 func (g *Service) images(ctx context.Context, _ api.Empty) ([]vmmapi.ImageInfo, error) {
@@ -30,6 +31,30 @@ func (g *Service) image(ctx context.Context, r vmmapi.ImageRequest) (vmmapi.Imag
 		}
 		r.Sandbox = sb.ID
 		return g.vmm(sb.Host).Image(ctx, r)
+	}
+	if r.Op == "warm" {
+		// The template a create with the defaults would restore: its memory and vCPUs, and the
+		// default agent profile's live credential share when this host has the directory.
+		sh := vmmapi.TemplateShape{Net: true}
+		if r.Warm != nil {
+			sh = *r.Warm
+		}
+		if sh.MemoryMiB == 0 {
+			sh.MemoryMiB = DefaultMemoryMiB
+		}
+		if sh.VCPUs == 0 {
+			sh.VCPUs = DefaultVCPUs
+		}
+		if sh.MemoryMiB < 0 || sh.MemoryMiB > MaxMemoryMiB || sh.VCPUs < 0 || sh.VCPUs > MaxVCPUs || sh.DiskMiB < 0 || sh.DiskMiB > api.MaxDiskMiB {
+			return vmmapi.ImageInfo{}, errdefs.Invalid("image warm: --memory, --vcpus or --disk is out of range")
+		}
+		sh.Shares = 0
+		if prof, err := profile.Get(profile.DefaultName); err == nil {
+			if _, ok := liveCredDir(prof); ok {
+				sh.Shares = 1
+			}
+		}
+		r.Warm = &sh
 	}
 	return g.vmm(g.cfg.Host).Image(ctx, r)
 }

@@ -220,7 +220,7 @@ func (g *Service) create(ctx context.Context, r api.CreateRequest) (*api.Sandbox
 	if r.NoStart {
 		return sb, nil
 	}
-	if err := g.boot(ctx, sb, r.Progress); err != nil {
+	if err := g.bootNew(ctx, sb, r.Progress, r.Cold); err != nil {
 		if errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrRefused) {
 			// The request itself was wrong (an unknown image, say) or asked for more than the
 			// host can give: leave nothing behind.
@@ -386,7 +386,12 @@ func errAlreadyStarting(name string) error {
 }
 
 // boot moves sb through starting to running, or to failed with the reason.
-func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (err error) {
+func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) error {
+	return g.bootNew(ctx, sb, progress, false)
+}
+
+// bootNew is boot; a new sandbox's VM is restored from its shape's template unless cold.
+func (g *Service) bootNew(ctx context.Context, sb *api.Sandbox, progress string, cold bool) (err error) {
 	defer func() {
 		if err != nil {
 			err = g.removedMeanwhile(sb, err)
@@ -398,7 +403,7 @@ func (g *Service) boot(ctx context.Context, sb *api.Sandbox, progress string) (e
 	}
 	req := vmmapi.StartRequest{ID: sb.ID, Name: sb.Name, Image: sb.Image, MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, CPUs: sb.CPUs, DiskMiB: sb.DiskMiB,
 		DiskBps: sb.DiskBps, DiskIOPS: sb.DiskIOPS, Hostname: hostname(sb.Name), Progress: progress, NoPortForward: sb.NoPortForward,
-		NetSocket: perim.netSocket, Env: perim.env, TrustCA: perim.trustCA}
+		NetSocket: perim.netSocket, Env: perim.env, TrustCA: perim.trustCA, Cold: cold}
 	for _, m := range sb.Mounts {
 		req.Mounts = append(req.Mounts, vmmapi.Mount{Host: m.Host, Guest: m.Guest, ReadOnly: m.ReadOnly})
 	}

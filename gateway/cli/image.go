@@ -166,7 +166,7 @@ func imageCommand() *cobra.Command {
 
 	ls := &cobra.Command{
 		Use:     "ls",
-		Short:   "List images: name, tag, digest, size, created, source",
+		Short:   "List images: name, tag, digest, size, created, source, booted templates (memory/vCPUs)",
 		Example: "  nexus image ls\n  nexus image ls --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -182,7 +182,7 @@ func imageCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tTAG\tDIGEST\tSIZE\tCREATED\tSOURCE")
+			fmt.Fprintln(tw, "NAME\tTAG\tDIGEST\tSIZE\tCREATED\tSOURCE\tTEMPLATES")
 			for _, i := range list {
 				tags := i.Tags
 				if len(tags) == 0 {
@@ -196,8 +196,17 @@ func imageCommand() *cobra.Command {
 				if !i.Created.IsZero() {
 					created = age(i.Created) + " ago"
 				}
+				warm := []string{}
+				for _, t := range i.Templates {
+					if !t.Stale {
+						warm = append(warm, templateShape(t))
+					}
+				}
+				if len(warm) == 0 {
+					warm = append(warm, "-")
+				}
 				for _, t := range tags {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%s\t%s\n", i.Name, t, digest, i.SizeBytes>>20, created, i.Source)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%s\t%s\t%s\n", i.Name, t, digest, i.SizeBytes>>20, created, i.Source, strings.Join(warm, ","))
 				}
 			}
 			return tw.Flush()
@@ -240,13 +249,61 @@ func imageCommand() *cobra.Command {
 			return nil
 		},
 	}
-	img.AddCommand(build, pull, imp, saveCommand(), ls, inspect, rm)
+	var shape vmmapi.TemplateShape
+	var noNet bool
+	warm := &cobra.Command{
+		Use:   "warm NAME[:TAG|@DIGEST]",
+		Short: "Boot a template of an image and save it, so that creates of that image and size restore it",
+		Long: "Boot a sandbox VM of the image to \"agent ready\" and save it as a template under $NEXUS_HOME/templates.\n" +
+			"nexus create restores the template of its image, memory, vCPUs and disk size instead of booting\n" +
+			"(--cold boots anyway); the first create of a shape builds its template in the background, so\n" +
+			"this only saves that one cold boot. A template holds no secret, placeholder, CA or mount: a\n" +
+			"restored sandbox gets its own hostname, machine-id, reseeded RNG, clock, env, CA and mounts.",
+		Example: "  nexus image warm nexus-base\n  nexus image warm nexus-mini --memory 512",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sh := shape
+			sh.Net = !noNet
+			info, err := imageWithProgress(cmd, vmmapi.ImageRequest{Op: "warm", Name: args[0], Warm: &sh}, "warming "+args[0])
+			if err != nil {
+				return err
+			}
+			if printedJSON(cmd, info) {
+				return nil
+			}
+			for _, t := range info.Templates {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: template %s (%s), %dMiB of RAM data\n", args[0], t.Key[:12], templateShape(t), t.RAMDataBytes>>20)
+			}
+			return nil
+		},
+	}
+	warm.Flags().IntVar(&shape.MemoryMiB, "memory", 0, "memory in MiB of the sandboxes it serves (default 1024)")
+	warm.Flags().IntVar(&shape.VCPUs, "vcpus", 0, "virtual CPUs of the sandboxes it serves (default 1)")
+	warm.Flags().IntVar(&shape.DiskMiB, "disk", 0, "root disk size in MiB of the sandboxes it serves (default: the image's)")
+	warm.Flags().BoolVar(&noNet, "egress-none", false, "for sandboxes created with --egress none (no network device)")
+	img.AddCommand(build, pull, imp, saveCommand(), ls, inspect, rm, warm)
 	return img
 }
 
 func imageLimitFlags(cmd *cobra.Command, r *vmmapi.ImageRequest) {
 	cmd.Flags().Int64Var(&r.MaxBytes, "max-size", 0, "refuse an image that unpacks to more bytes than this (default 16 GiB)")
 	cmd.Flags().Int64Var(&r.MaxInodes, "max-inodes", 0, "refuse an image with more files than this (default 1048576)")
+}
+
+// templateShape names a template by what it serves: 1024M/1cpu, with /net-none, /disk=… and
+// /shares=N where they are not the default.
+func templateShape(t vmmapi.TemplateInfo) string {
+	s := fmt.Sprintf("%dM/%dcpu", t.MemoryMiB, t.VCPUs)
+	if t.DiskMiB > 0 {
+		s += fmt.Sprintf("/disk=%dM", t.DiskMiB)
+	}
+	if !t.Net {
+		s += "/net-none"
+	}
+	if t.Shares > 0 {
+		s += fmt.Sprintf("/shares=%d", t.Shares)
+	}
+	return s
 }
 
 func shortImageDigest(d string) string {

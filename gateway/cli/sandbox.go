@@ -115,6 +115,7 @@ func createCommand() *cobra.Command {
 	f.BoolVar(&r.NoPortForward, "no-port-forward", false, "do not forward guest listeners to the host")
 	f.StringVar(&r.Host, "host", "", "place the sandbox on this host of the cluster (nexus hosts; default: the one with the most free memory)")
 	f.StringArrayVar(&hostLabels, "host-label", nil, "place the sandbox on a host with label key=value (repeatable)")
+	f.BoolVar(&r.Cold, "cold", false, "boot the VM even when a booted template of the image and size exists (default: restore it, see nexus image warm)")
 	f.StringVar(&r.TTL, "ttl", "", "remove the sandbox this long after create, whatever its state (30m, 2h, 7d; default: never)")
 	f.StringVar(&r.IdleTimeout, "idle-timeout", "", "pause the sandbox after this long without exec, attach, copy, port-forward or network activity and under 5% CPU; the next exec resumes it (default: never)")
 	limitFlags(f, &r.Limits)

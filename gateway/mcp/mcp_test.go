@@ -46,7 +46,7 @@ func TestToolsList(t *testing.T) {
 		got[tool.Name] = raw.InputSchema
 	}
 	want := map[string]struct{ required, optional []string }{
-		"sandbox_create": {[]string{"name"}, []string{"project", "remove_on_exit", "start", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "allow_private", "secrets", "labels", "repos", "config", "ttl", "idle_timeout",
+		"sandbox_create": {[]string{"name"}, []string{"project", "remove_on_exit", "start", "cold", "image", "memory", "vcpus", "agent", "egress", "allowed_hosts", "allow_private", "secrets", "labels", "repos", "config", "ttl", "idle_timeout",
 			"disk", "disk_bps", "disk_iops", "max_conns", "conn_rate", "dns_rate", "egress_bandwidth", "ingress_bandwidth"}},
 		"sandbox_list":             {nil, []string{"all", "selector"}},
 		"sandbox_get":              {[]string{"name"}, nil},

@@ -19,6 +19,7 @@ type createArgs struct {
 	Project      string            `json:"project"`
 	RemoveOnExit bool              `json:"remove_on_exit"`
 	Start        bool              `json:"start"`
+	Cold         bool              `json:"cold"`
 	Image        string            `json:"image"`
 	Memory       int               `json:"memory"`
 	VCPUs        int               `json:"vcpus"`
@@ -108,7 +109,7 @@ func (s *Server) sandboxCreate(ctx context.Context, req mcpgo.CallToolRequest) (
 	cctx, cancel := context.WithTimeout(ctx, api.CreateTimeout)
 	defer cancel()
 	sb, err := c.Create(cctx, s.adjustCreate(ctx, api.CreateRequest{Name: name, Image: a.Image, Labels: labels, MemoryMiB: a.Memory, VCPUs: a.VCPUs,
-		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout, NoStart: !a.Start,
+		Agent: a.Agent, EgressMode: a.Egress, AllowHosts: a.AllowedHosts, AllowPrivate: a.AllowPrivate, Secrets: a.Secrets, Repos: a.Repos, Config: cfg, TTL: a.TTL, IdleTimeout: a.IdleTimeout, NoStart: !a.Start, Cold: a.Cold,
 		DiskMiB: diskMiB, DiskBps: diskBps, DiskIOPS: a.DiskIOPS, Limits: limits}))
 	if sb != nil && a.RemoveOnExit {
 		// The record exists (even a failed boot leaves one): remove it on exit either way.

@@ -76,6 +76,7 @@ func (s *Server) tools() []toolDef {
 			mcpgo.WithString("project", mcpgo.Description("project of the sandbox (default \"default\")")),
 			mcpgo.WithBoolean("remove_on_exit", mcpgo.Description("remove the sandbox when this MCP server exits")),
 			mcpgo.WithBoolean("start", mcpgo.Description("boot the sandbox now, as sandbox_start would (default false: the sandbox stays created)")),
+			mcpgo.WithBoolean("cold", mcpgo.Description("with start: boot the sandbox's VM even when a booted template of its image and size exists (default false: restore the template, much faster)")),
 			mcpgo.WithString("image", mcpgo.Description("root image: nexus-base (default), nexus-mini, …")),
 			mcpgo.WithInteger("memory", mcpgo.Description("memory in MiB (default 1024)"), mcpgo.Min(0)),
 			mcpgo.WithInteger("vcpus", mcpgo.Description("virtual CPUs (default 1)"), mcpgo.Min(0)),

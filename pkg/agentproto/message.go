@@ -97,7 +97,16 @@ type ConfigureRequest struct {
 	Network *NetworkConfig `json:"network,omitempty"`
 	// TrustCA installs a CA certificate the guest's TLS clients must trust.
 	TrustCA *TrustCA `json:"trust_ca,omitempty"`
+	// Seed is fresh host randomness mixed into the guest kernel's pool, which is then reseeded:
+	// guests restored from one template start with the same RNG state (MaxSeedBytes at most).
+	Seed []byte `json:"seed,omitempty"`
+	// MachineID, 32 lowercase hex digits, is written to /etc/machine-id (one per sandbox, not
+	// the image's or a template's).
+	MachineID string `json:"machine_id,omitempty"`
 }
+
+// MaxSeedBytes bounds ConfigureRequest.Seed.
+const MaxSeedBytes = 512
 
 // MaxTrustCABytes bounds TrustCA.PEM.
 const MaxTrustCABytes = 64 << 10

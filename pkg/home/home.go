@@ -38,6 +38,9 @@ func (d Dir) Sandbox(id string) string { return filepath.Join(string(d), "sandbo
 // Snapshots holds snapshot RAM files, device state and disk overlays.
 func (d Dir) Snapshots() string { return filepath.Join(string(d), "snapshots") }
 
+// Templates holds the booted templates warm creates restore (one directory per key).
+func (d Dir) Templates() string { return filepath.Join(string(d), "templates") }
+
 // Volumes holds named volume images.
 func (d Dir) Volumes() string { return filepath.Join(string(d), "volumes") }
 

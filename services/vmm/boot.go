@@ -2,6 +2,9 @@ package vmm
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -158,10 +161,12 @@ type boot struct {
 	trustCA       []byte
 	progress      string
 
-	// A fork's snapshot (snapshot.go).
+	// A fork's snapshot (snapshot.go), or a warm create's template (template.go: snapshot is
+	// then "template <key>" and template the key).
 	snapshot string
 	info     api.SnapshotInfo
 	snapDir  string
+	template string
 
 	// Made by the steps.
 	kern     *kernel.Kernel
@@ -291,9 +296,12 @@ func (b *boot) findImage(ctx context.Context) error {
 	return nil
 }
 
-// sandboxDir creates the sandbox directory and records whether its listeners are forwarded.
+// sandboxDir creates the sandbox directory (a template build's is set before) and records
+// whether its listeners are forwarded.
 func (b *boot) sandboxDir() error {
-	b.dir = b.s.cfg.Home.Sandbox(b.id)
+	if b.dir == "" {
+		b.dir = b.s.cfg.Home.Sandbox(b.id)
+	}
 	b.disk = filepath.Join(b.dir, "disk.qcow2")
 	if err := os.MkdirAll(b.dir, 0o700); err != nil {
 		return err
@@ -399,12 +407,23 @@ func (b *boot) configure(ctx context.Context) error {
 	ctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
 	now := time.Now()
-	cfg := agentproto.ConfigureRequest{Hostname: b.hostname, Env: withImageEnv(b.env, b.s.imageConfig(b.dir)), Time: &now}
+	// A fresh identity on every boot, cold or restored from a template (template.go): one
+	// configure path for both, so they cannot drift.
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	cfg := agentproto.ConfigureRequest{Hostname: b.hostname, Env: withImageEnv(b.env, b.s.imageConfig(b.dir)), Time: &now,
+		Seed: seed, MachineID: machineID(b.id)}
 	if len(b.trustCA) > 0 {
 		// The perimeter's CA, for curl, git and OpenSSL-based tools: one round trip, no shell.
 		cfg.TrustCA = &agentproto.TrustCA{Path: api.CAPath, PEM: b.trustCA}
 	}
 	return b.m.agent.Configure(ctx, cfg)
+}
+
+// machineID is a sandbox's /etc/machine-id: stable across its boots, its own.
+func machineID(id string) string {
+	h := sha256.Sum256([]byte("nexus-machine-id\x00" + id))
+	return hex.EncodeToString(h[:16])
 }
 
 // mount mounts the 9p shares and the named volumes in the guest. A restored guest has its

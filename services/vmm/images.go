@@ -92,14 +92,21 @@ func (s *Service) images(ctx context.Context, _ api.Empty) ([]api.ImageInfo, err
 	if err != nil {
 		return nil, err
 	}
+	tpls := s.listTemplates(ctx)
 	out := []api.ImageInfo{}
 	for i := range list {
-		out = append(out, imageInfo(&list[i]))
+		info := imageInfo(&list[i])
+		for _, t := range tpls {
+			if t.Image == info.Key {
+				info.Templates = append(info.Templates, t)
+			}
+		}
+		out = append(out, info)
 	}
 	return out, nil
 }
 
-// image builds, pulls, imports, inspects or removes an image. An image backing any sandbox disk
+// image builds, pulls, imports, inspects, removes or warms (template.go) an image. An image backing any sandbox disk
 // or snapshot is neither rebuilt nor removed: the sandboxes' overlays would silently change under
 // them.
 func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo, error) {
@@ -157,7 +164,10 @@ func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo,
 		}
 		out := imageInfo(info)
 		out.UsedBy = s.imageUsers(info.Key)
+		out.Templates = s.imageTemplates(ctx, info.Key)
 		return out, nil
+	case "warm":
+		return s.warmImage(ctx, r)
 	case "rm":
 		info, err := image.Resolve(s.cfg.Home, r.Name)
 		if err != nil {
@@ -168,6 +178,11 @@ func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo,
 		}
 		if err := image.RemoveRef(s.cfg.Home, r.Name); err != nil {
 			return api.ImageInfo{}, err
+		}
+		if _, err := image.Resolve(s.cfg.Home, info.Key); err != nil { // its last reference: its templates go too
+			for _, t := range s.imageTemplates(ctx, info.Key) {
+				s.removeTemplate(t.Key)
+			}
 		}
 		return imageInfo(info), nil
 	}

@@ -19,8 +19,9 @@ import (
 	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
-// start boots the VM of a sandbox (coldBoot) and returns once its agent answered and is
-// configured. A stopped sandbox boots again on the disk it had.
+// start boots the VM of a sandbox (coldBoot, or warmBoot from a template for a new one) and
+// returns once its agent answered and is configured. A stopped sandbox boots again on the disk
+// it had.
 func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartResponse, error) {
 	// A stop or remove that arrives while this boot runs waits for it, then undoes it: no VM
 	// can be left running behind a record that is gone.
@@ -37,6 +38,9 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 		return api.StartResponse{}, err
 	}
 	defer release()
+	if _, err := os.Stat(filepath.Join(s.cfg.Home.Sandbox(r.ID), "disk.qcow2")); errors.Is(err, os.ErrNotExist) {
+		return s.startWarm(ctx, r) // a new sandbox: restored from its shape's template when there is one
+	}
 	return s.newBoot(r).run(ctx, "start", coldBoot)
 }
 

@@ -74,6 +74,7 @@ type Service struct {
 
 	snapMu   sync.RWMutex // forks hold it shared, snapshot rm exclusively (snapshot.go)
 	snapping sync.Map     // ids of sandboxes being snapshotted (snapshot.go)
+	tpl      templates    // template builds (template.go)
 }
 
 // New checks QEMU and the agent binary; Run serves.
@@ -120,6 +121,9 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	s.adoptAll(ctx)
 	s.cleanSnapshotTemps()
+	s.cleanTemplateTemps()
+	s.tpl.ctx = ctx
+	defer s.tpl.wg.Wait() // a template build under way kills its VM when ctx ends
 	go s.watchDisk(ctx)
 	go s.heartbeat(ctx)
 	info := bus.ServiceInfo{Name: "vmm", Version: s.cfg.Version, Host: s.cfg.Host, Description: "microVMs, images, guest agent channel"}

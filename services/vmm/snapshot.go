@@ -397,7 +397,12 @@ func (b *boot) forkDisk(ctx context.Context) error {
 	if err := atomicfile.WriteFile(filepath.Join(b.dir, snapshotFile), []byte(b.snapshot+"\n"), 0o600); err != nil {
 		return err
 	}
-	if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", diskFile(b.snapDir), b.disk).CombinedOutput(); err != nil {
+	return overlayOn(ctx, diskFile(b.snapDir), b.disk)
+}
+
+// overlayOn creates the qcow2 overlay disk over the qcow2 backing (a snapshot's or template's disk).
+func overlayOn(ctx context.Context, backing, disk string) error {
+	if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, disk).CombinedOutput(); err != nil {
 		return fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil

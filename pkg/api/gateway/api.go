@@ -32,6 +32,9 @@ type CreateRequest struct {
 	MountNamed    []string `json:"mount_named,omitempty"` // name:guest[,kind=disk]
 	NoPortForward bool     `json:"no_port_forward,omitempty"`
 	Ephemeral     bool     `json:"ephemeral,omitempty"`
+	// Cold boots the new sandbox even when a booted template of its shape exists (--cold);
+	// by default a create restores the template (issue 24).
+	Cold bool `json:"cold,omitempty"`
 	// NoStart leaves the new sandbox created (a record, no VM) for a later start; the MCP
 	// sandbox_create does this unless asked to start.
 	NoStart bool `json:"no_start,omitempty"`

@@ -84,6 +84,8 @@ type StartRequest struct {
 	TrustCA []byte `json:"trust_ca,omitempty"`
 	// Progress, when set, receives one Step message per boot step as it finishes.
 	Progress string `json:"progress,omitempty"`
+	// Cold boots a new sandbox even when a template of its shape exists (`nexus create --cold`).
+	Cold bool `json:"cold,omitempty"`
 }
 
 // CAPath is where the guest finds the trusted MITM CA.
@@ -108,6 +110,10 @@ type StartResponse struct {
 	PID   int    `json:"pid"`
 	Accel string `json:"accel"`
 	Steps []Step `json:"steps"`
+	// Template is the key of the template the VM was restored from; empty: it booted cold.
+	Template string `json:"template,omitempty"`
+	// ColdReason says why a new sandbox booted cold (no template yet, --cold, a --mount…).
+	ColdReason string `json:"cold_reason,omitempty"`
 }
 
 // IDRequest names one sandbox's VM.
@@ -306,12 +312,14 @@ type ImageInfo struct {
 	// whatever a guest listens on.
 	ExposedPorts []string `json:"exposed_ports,omitempty"`
 	UsedBy       []string `json:"used_by,omitempty"` // sandboxes and snapshots on its base (inspect)
+	// Templates are the booted templates of the image (`nexus image warm`), one per shape.
+	Templates []TemplateInfo `json:"templates,omitempty"`
 }
 
 // ImageRequest builds, pulls, imports, inspects or removes an image. Progress, when set,
 // receives ImageProgress messages.
 type ImageRequest struct {
-	Op    string `json:"op"`   // build, pull, import, save, commit, inspect or rm
+	Op    string `json:"op"`   // build, pull, import, save, commit, inspect, rm or warm
 	Name  string `json:"name"` // the image (build, inspect, rm), the reference (pull), the name to give (import)
 	Force bool   `json:"force,omitempty"`
 	// File is the tarball or OCI layout to import, or the tarball save writes, a path on the
@@ -338,6 +346,17 @@ type ImageRequest struct {
 	BuildKey string       `json:"build_key,omitempty"`
 	Source   string       `json:"source,omitempty"` // what image ls says it came from
 	Config   *ImageConfig `json:"config,omitempty"`
+	// Warm (op warm) is the shape of the template to build; the gateway fills in its defaults.
+	Warm *TemplateShape `json:"warm,omitempty"`
+}
+
+// TemplateShape is what a template is built for: a create of this shape restores it.
+type TemplateShape struct {
+	MemoryMiB int  `json:"memory_mib"`
+	VCPUs     int  `json:"vcpus"`
+	DiskMiB   int  `json:"disk_mib,omitempty"`
+	Net       bool `json:"net"`
+	Shares    int  `json:"shares,omitempty"`
 }
 
 // ImageConfig is what a committed image's exec defaults are.

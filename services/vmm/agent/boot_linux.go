@@ -128,8 +128,10 @@ func RunInit() {
 			}
 			return nil
 		},
-		TrustCA:  func(ca agentproto.TrustCA) error { return InstallCA("/", ca) },
-		PowerOff: func() { powerOff(log) },
+		TrustCA:      func(ca agentproto.TrustCA) error { return InstallCA("/", ca) },
+		Reseed:       Reseed,
+		SetMachineID: func(id string) error { return SetMachineID("/", id) },
+		PowerOff:     func() { powerOff(log) },
 	})
 	ctx := context.Background()
 

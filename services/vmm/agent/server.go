@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"sync"
 	"time"
 
@@ -69,6 +70,10 @@ type Config struct {
 	ConfigureNetwork func(n agentproto.NetworkConfig) error
 	// TrustCA installs a validated CA certificate (InstallCA at the guest's root).
 	TrustCA func(ca agentproto.TrustCA) error
+	// Reseed mixes host randomness into the kernel's pool and reseeds its RNG.
+	Reseed func(seed []byte) error
+	// SetMachineID writes a validated machine id.
+	SetMachineID func(id string) error
 	// PowerOff is called after the shutdown op has been answered.
 	PowerOff func()
 }
@@ -284,6 +289,8 @@ func (s *Server) pong() *agentproto.Pong {
 	}
 }
 
+var machineIDRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
 func (s *Server) configure(c *agentproto.ConfigureRequest) error {
 	if c == nil {
 		return nil
@@ -291,6 +298,24 @@ func (s *Server) configure(c *agentproto.ConfigureRequest) error {
 	for k, v := range c.Env {
 		if !validEnvKey(k) || !validEnvValue(v) {
 			return errdefs.Invalid("configure: bad environment variable name %.40q", k)
+		}
+	}
+	if len(c.Seed) > agentproto.MaxSeedBytes {
+		return errdefs.Invalid("configure: seed of %d bytes is above %d", len(c.Seed), agentproto.MaxSeedBytes)
+	}
+	if c.MachineID != "" && !machineIDRe.MatchString(c.MachineID) {
+		return errdefs.Invalid("configure: machine id must be 32 lowercase hex digits")
+	}
+	// The RNG first: nothing after it (nor any exec) draws from a pool a clone shares.
+	if len(c.Seed) > 0 && s.cfg.Reseed != nil {
+		if err := s.cfg.Reseed(c.Seed); err != nil {
+			return fmt.Errorf("configure: reseed: %w", err)
+		}
+	}
+	if c.MachineID != "" && s.cfg.SetMachineID != nil {
+		// A read-only root keeps the image's: not a reason to fail the boot.
+		if err := s.cfg.SetMachineID(c.MachineID); err != nil {
+			s.log.Warn().Err(err).Msg("configure: machine id not written")
 		}
 	}
 	if c.Hostname != "" {
