@@ -74,7 +74,7 @@ func runners() map[string]func(ctx context.Context, env runEnv) error {
 		bus.UserVMM: func(ctx context.Context, env runEnv) error {
 			return run(ctx, vmm.New, vmm.Config{Bus: env.nc, Home: env.home, Host: env.host, Log: env.log, Version: version.Version,
 				CacheDir: env.set.Cache, QEMU: qemu.Config{Accel: env.set.Accel, JailHelper: jailHelper(), Virtiofsd: virtiofsd(env.set.MountFS)}, MinFreeDisk: env.set.MinFreeDisk, Labels: env.set.HostLabels,
-				Admission: vmm.Admission{MemoryShare: env.set.MemoryShare, VCPUOvercommit: env.set.VCPUOvercommit}})
+				Admission: vmm.Admission{MemoryShare: env.set.MemoryShare, VCPUOvercommit: env.set.VCPUOvercommit}, NoTemplates: env.set.NoTemplates})
 		},
 		bus.UserNetstack: func(ctx context.Context, env runEnv) error {
 			logrus.SetOutput(io.Discard) // gvisor-tap-vsock's switch logs through logrus's global logger

@@ -53,8 +53,8 @@ func pulledImage(b *testing.B) string {
 	return ref
 }
 
-// createToFirstExec times create → first exec result of `true` on image, b.N times (each
-// sandbox removed off the clock), and returns the mean.
+// createToFirstExec times a cold create (--cold: no template) → first exec result of `true` on
+// image, b.N times (each sandbox removed off the clock), and returns the mean.
 func createToFirstExec(b *testing.B, prefix, image string) time.Duration {
 	i := 0
 	var total time.Duration
@@ -63,7 +63,7 @@ func createToFirstExec(b *testing.B, prefix, image string) time.Duration {
 		i++
 		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		if _, err := client.Create(ctx, api.CreateRequest{Name: name, Image: image, MemoryMiB: 256, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
+		if _, err := client.Create(ctx, api.CreateRequest{Name: name, Image: image, MemoryMiB: 256, Cold: true, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
 			b.Fatal(err)
 		}
 		if err := exec(ctx, name, "true"); err != nil {

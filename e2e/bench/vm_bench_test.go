@@ -16,8 +16,9 @@ import (
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
-// BenchmarkBoot compares create → first exec result through the whole stack with a bare QEMU
-// boot of the same kernel and initramfs to the agent's first line at /init.
+// BenchmarkBoot compares a cold create → first exec result through the whole stack with a bare
+// QEMU boot of the same kernel and initramfs to the agent's first line at /init (warm creates:
+// warm_bench_test.go).
 func BenchmarkBoot(b *testing.B) {
 	ctx := context.Background()
 	var bare, full time.Duration
@@ -105,15 +106,15 @@ func BenchmarkIdleMemory(b *testing.B) {
 	b.ReportMetric(float64(rss)/(1<<20), "MiB-rss")
 }
 
-// BenchmarkCreate10 creates ten sandboxes at once and compares the wall time with ten times
-// one create measured just before.
+// BenchmarkCreate10 creates ten sandboxes at once, cold, and compares the wall time with ten
+// times one cold create measured just before.
 func BenchmarkCreate10(b *testing.B) {
 	ctx := context.Background()
 	one := func(name string) time.Duration {
 		t0 := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
-		if _, err := client.Create(cctx, api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: 128, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
+		if _, err := client.Create(cctx, api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: 128, Cold: true, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
 			b.Error(err)
 		}
 		return time.Since(t0)

@@ -126,6 +126,23 @@ func TestWarmCreateFreshIdentity(t *testing.T) {
 	if out := stack.MustNexus(t, "image", "ls"); !strings.Contains(out, "256M/1cpu") {
 		t.Errorf("image ls shows no template:\n%s", out)
 	}
+
+	// A restore that fails (device state damaged in place, lengths intact) boots cold: the
+	// create succeeds all the same.
+	state := filepath.Join(tdir, "state")
+	orig, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(state, make([]byte, len(orig)), 0o600)
+	create(t, "warm/fallback")
+	os.WriteFile(state, orig, 0o600)
+	if _, err := os.Stat(filepath.Join(stack.Home.Sandbox(ids(t)["warm/fallback"]), "template")); err == nil {
+		t.Error("warm/fallback names a template its restore failed from")
+	}
+	if out := stack.MustNexus(t, "exec", "warm/fallback", "--", "hostname"); out != "fallback\n" {
+		t.Errorf("warm/fallback: hostname %q", out)
+	}
 }
 
 // fileContains reads f in chunks (RAM files are sparse and large) looking for needle.

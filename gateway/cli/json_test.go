@@ -63,6 +63,7 @@ func jsonArgs(t *testing.T) map[string][]string {
 		"image save":        {"nexus-bogus", "-o", tmp + "/out.tar"},
 		"image inspect":     {"nexus-bogus"},
 		"image rm":          {"nexus-bogus"},
+		"image warm":        {"nexus-bogus"},
 		"logs":              {"box"},
 		"pause":             {"box"},
 		"ports":             nil,

@@ -73,6 +73,8 @@ type Values struct {
 	MetricsAddr     string  // empty: no metrics endpoint
 	MemoryShare     float64 // 0: the vmm's default
 	VCPUOvercommit  bool
+	// NoTemplates makes every create boot cold and builds no template (--templates=false).
+	NoTemplates bool
 	// MCPEgress lets the MCP tools egress_allow and egress_revoke change a sandbox's egress.
 	MCPEgress   bool
 	Resolve     map[string]string
@@ -206,6 +208,16 @@ var Table = []Setting{
 				return fmt.Errorf("%q is not true or false", s)
 			}
 			v.VCPUOvercommit = b
+			return nil
+		}},
+	{Flag: "templates", Env: "NEXUS_TEMPLATES", Default: "true", Arg: "bool", Scope: Stack,
+		Help: "restore new sandboxes from booted templates (warm create; the first create of an image and size builds one); false: every create boots cold",
+		set: func(v *Values, s string) error {
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				return fmt.Errorf("%q is not true or false", s)
+			}
+			v.NoTemplates = !b
 			return nil
 		}},
 	{Flag: "min-free-disk", Env: "NEXUS_MIN_FREE_DISK", Default: home.DefaultWatermark, Arg: "size|percent", Scope: Stack,

@@ -51,6 +51,8 @@ type Config struct {
 	MinFreeDisk home.Watermark
 	// Labels are this host's placement labels (--host-label), in its heartbeat.
 	Labels map[string]string
+	// NoTemplates boots every sandbox cold and builds no template (template.go).
+	NoTemplates bool
 }
 
 // Service runs the VMs of one host.

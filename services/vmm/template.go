@@ -132,6 +132,9 @@ type warmChoice struct {
 func (s *Service) chooseTemplate(ctx context.Context, r api.StartRequest) (c warmChoice) {
 	var why string
 	c.shape, why = shapeOf(r)
+	if s.cfg.NoTemplates {
+		why = "templates are off (--templates=false)"
+	}
 	if why != "" {
 		c.cold = why
 		return c

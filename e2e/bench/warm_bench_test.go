@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+)
+
+// Warm start (issue 24): creates restored from a booted template against cold boots of the same
+// image and size, measured in one run: create → first exec, ten creates at once, and the PSS of
+// ten idle sandboxes.
+
+// warmTemplate builds the template of nexus-mini at memMiB with a NIC (the benchmarks' shape).
+func warmTemplate(b *testing.B, memMiB int) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := client.Image(ctx, vmmapi.ImageRequest{Op: "warm", Name: "nexus-mini", Warm: &vmmapi.TemplateShape{MemoryMiB: memMiB, VCPUs: 1, Net: true}}); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// createTimed creates a nexus-mini sandbox and runs its first command; it returns how long that took.
+func createTimed(b *testing.B, name string, memMiB int, cold, firstExec bool) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := client.Create(ctx, api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: memMiB, Cold: cold, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
+		b.Error(err)
+		return 0
+	}
+	if firstExec {
+		if err := exec(ctx, name, "true"); err != nil {
+			b.Error(err)
+		}
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkWarmCreate is create → first exec result restored from the template vs a cold boot.
+func BenchmarkWarmCreate(b *testing.B) {
+	warmTemplate(b, 256)
+	i := 0
+	var cold, warm time.Duration
+	for b.Loop() {
+		for _, c := range []bool{true, false} {
+			name := fmt.Sprintf("bench/warm-%d", i)
+			i++
+			d := createTimed(b, name, 256, c, true)
+			b.StopTimer()
+			remove(name)
+			b.StartTimer()
+			if c {
+				cold += d
+			} else {
+				warm += d
+			}
+		}
+	}
+	n := time.Duration(b.N)
+	b.ReportMetric(float64((cold / n).Milliseconds()), "ms-cold")
+	b.ReportMetric(float64((warm / n).Milliseconds()), "ms-warm")
+	b.ReportMetric(float64(warm)/float64(cold), "x-cold")
+}
+
+// createParallel creates n sandboxes at once and returns the wall time.
+func createParallel(b *testing.B, prefix string, n, memMiB int, cold bool) time.Duration {
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { createTimed(b, fmt.Sprintf("%s-%d", prefix, i), memMiB, cold, false) })
+	}
+	wg.Wait()
+	return time.Since(t0)
+}
+
+func removeAll(prefix string, n int) {
+	for i := range n {
+		remove(fmt.Sprintf("%s-%d", prefix, i))
+	}
+}
+
+// BenchmarkWarmParallel10 is the wall time of ten warm creates at once vs ten cold ones.
+func BenchmarkWarmParallel10(b *testing.B) {
+	warmTemplate(b, 128)
+	for b.Loop() {
+		cold := createParallel(b, "bench/c10", 10, 128, true)
+		removeAll("bench/c10", 10)
+		warm := createParallel(b, "bench/w10", 10, 128, false)
+		removeAll("bench/w10", 10)
+		b.ReportMetric(float64(cold.Milliseconds()), "ms-cold-10")
+		b.ReportMetric(float64(warm.Milliseconds()), "ms-warm-10")
+		b.ReportMetric(float64(warm)/float64(cold), "x-cold")
+	}
+}
+
+// BenchmarkIdlePSS10 is the sum of the proportional set sizes of ten idle sandboxes' QEMUs,
+// created warm (sharing the template's RAM pages copy-on-write) vs created cold.
+func BenchmarkIdlePSS10(b *testing.B) {
+	warmTemplate(b, 128)
+	for b.Loop() {
+		createParallel(b, "bench/pc", 10, 128, true)
+		cold := idlePSS(b, "bench/pc", 10)
+		removeAll("bench/pc", 10)
+		createParallel(b, "bench/pw", 10, 128, false)
+		warm := idlePSS(b, "bench/pw", 10)
+		removeAll("bench/pw", 10)
+		b.ReportMetric(float64(cold)/(1<<20), "MiB-pss-cold-10")
+		b.ReportMetric(float64(warm)/(1<<20), "MiB-pss-warm-10")
+		if cold > 0 {
+			b.ReportMetric(float64(warm)/float64(cold), "x-cold")
+		}
+	}
+}
+
+// idlePSS lets the sandboxes settle and sums their QEMU processes' Pss (smaps_rollup).
+func idlePSS(b *testing.B, prefix string, n int) int64 {
+	b.Helper()
+	time.Sleep(3 * time.Second) // idle is what is measured
+	list, err := client.List(context.Background(), api.ListRequest{Selector: []string{"nexus-test"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum int64
+	found := 0
+	for _, s := range list {
+		if !strings.HasPrefix(s.Name, prefix+"-") {
+			continue
+		}
+		pid, err := os.ReadFile(filepath.Join(stack.Home.Sandbox(s.ID), "qemu.pid"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		kib, err := pssKiB(strings.TrimSpace(string(pid)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		sum += kib << 10
+		found++
+	}
+	if found != n {
+		b.Fatalf("%d of %d sandboxes %s-* found", found, n, prefix)
+	}
+	return sum
+}
+
+func pssKiB(pid string) (int64, error) {
+	f, err := os.Open("/proc/" + pid + "/smaps_rollup")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "Pss:" {
+			return strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no Pss in /proc/%s/smaps_rollup", pid)
+}
