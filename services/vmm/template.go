@@ -459,11 +459,20 @@ func (s *Service) warmImage(ctx context.Context, r api.ImageRequest) (api.ImageI
 	return out, nil
 }
 
-// templateDisk creates a warm sandbox's qcow2 overlay over its template's disk.
+// templateDisk creates a warm sandbox's qcow2 overlay over its template's disk; when it fails it
+// leaves none of it.
 func (b *boot) templateDisk(ctx context.Context) error {
 	if err := b.sandboxDir(); err != nil {
 		return err
 	}
+	if err := b.writeTemplateDisk(ctx); err != nil {
+		b.dropTemplateDisk()
+		return err
+	}
+	return nil
+}
+
+func (b *boot) writeTemplateDisk(ctx context.Context) error {
 	if err := atomicfile.WriteFile(filepath.Join(b.dir, imageFile), []byte(b.info.Image+"\n"), 0o600); err != nil {
 		return err
 	}
