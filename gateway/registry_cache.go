@@ -78,19 +78,34 @@ func (c *registryCache) remove(name string, rev uint64) {
 	}
 }
 
-// load replaces everything with what a watch's initial load delivered, and makes the cache
-// live.
-func (c *registryCache) load(recs map[string]cached) {
+// load replaces everything with what a watch's initial load delivered (recs, and deleted: the
+// revisions at which names were removed), and makes the cache live. This process's own writes
+// made while the load was under way (all the cache holds before it is live: stale empties it)
+// are kept where they are newer than what the load saw: the load may have been read before them,
+// and the watch then brings them later still, as a revision the cache already has.
+func (c *registryCache) load(recs map[string]cached, deleted map[string]uint64) {
 	c.mu.Lock()
-	c.recs, c.tombs, c.live = recs, map[string]uint64{}, true
+	for name, own := range c.recs {
+		if in, ok := recs[name]; (!ok || in.rev < own.rev) && deleted[name] < own.rev {
+			recs[name] = own
+		}
+	}
+	for name, rev := range c.tombs {
+		if in, ok := recs[name]; ok && in.rev <= rev {
+			delete(recs, name)
+		}
+	}
+	c.recs, c.live = recs, true
 	c.mu.Unlock()
 	c.once.Do(func() { close(c.ready) })
 }
 
-// stale stops the cache serving listings until the next initial load.
+// stale stops the cache serving listings until the next initial load, and forgets what it held
+// (changes may be missed until then; listings read the bucket meanwhile).
 func (c *registryCache) stale() {
 	c.mu.Lock()
 	c.live = false
+	c.recs, c.tombs = map[string]cached{}, map[string]uint64{}
 	c.mu.Unlock()
 }
 
@@ -163,7 +178,7 @@ func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache 
 	defer w.Stop()
 	t := time.NewTicker(cacheResync)
 	defer t.Stop()
-	initial := map[string]cached{}
+	initial, deleted := map[string]cached{}, map[string]uint64{}
 	loading := true
 	for {
 		select {
@@ -180,13 +195,15 @@ func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache 
 			switch {
 			case e == nil: // the initial load is done
 				if loading {
-					cache.load(initial)
-					loading, initial = false, nil
+					cache.load(initial, deleted)
+					loading, initial, deleted = false, nil, nil
 				}
 			case loading && e.Operation() == jetstream.KeyValuePut:
 				initial[e.Key()] = cached{name: e.Key(), data: e.Value(), rev: e.Revision(), at: e.Created()}
+				delete(deleted, e.Key())
 			case loading:
 				delete(initial, e.Key())
+				deleted[e.Key()] = e.Revision()
 			case e.Operation() == jetstream.KeyValuePut:
 				cache.putAt(e.Key(), e.Value(), e.Revision(), e.Created())
 			default:
