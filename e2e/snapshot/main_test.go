@@ -10,4 +10,7 @@ import (
 
 var stack *testutil.Stack
 
-func TestMain(m *testing.M) { testutil.Main(m, &stack) }
+// Warm create is on here (TestWarmCreateFreshIdentity; forks and snapshots beside templates).
+func TestMain(m *testing.M) {
+	testutil.Main(m, &stack, testutil.Setup(func(f *testutil.Fixture) error { f.WarmCreate(); return nil }))
+}

@@ -176,6 +176,12 @@ func StartStackOf(bin string, extra ...string) (*Stack, error) {
 		env = append(env, kv)
 	}
 	s.Env = append(env, "HOME="+hh, "NEXUS_HOME="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), "NEXUS_CACHE="+CacheDir())
+	if os.Getenv("NEXUS_TEMPLATES") == "" {
+		// Test stacks boot cold unless a package asks for templates (WarmCreate): a template
+		// built in the background would share the 2 CI cores with what a test times or counts
+		// (QEMUs per home, cgroups, kill points). Later entries win, so an extra can turn it on.
+		s.Env = append(s.Env, "NEXUS_TEMPLATES=false")
+	}
 	for _, e := range extra {
 		if strings.HasPrefix(e, "-") {
 			s.upArgs = append(s.upArgs, e)
@@ -385,6 +391,9 @@ type Fixture struct {
 
 // Env adds K=V entries to the stack's environment.
 func (f *Fixture) Env(kv ...string) { f.env = append(f.env, kv...) }
+
+// WarmCreate turns on templates and warm create (off in test stacks unless asked for).
+func (f *Fixture) WarmCreate() { f.Env("NEXUS_TEMPLATES=true") }
 
 // Flags adds flags of `nexus up` ("--resolve=host=addr", "--extra-ca=file").
 func (f *Fixture) Flags(args ...string) { f.flags = append(f.flags, args...) }
