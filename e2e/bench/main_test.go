@@ -26,6 +26,7 @@ var (
 func TestMain(m *testing.M) {
 	testutil.Main(m, &stack,
 		testutil.Setup(func(f *testutil.Fixture) error {
+			f.WarmCreate() // the product's default; the cold rows ask for Cold
 			resolve, err := startNetServer()
 			f.Flags(resolve)
 			if err != nil {
