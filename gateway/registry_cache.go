@@ -153,6 +153,9 @@ func (c *registryCache) waitLive(ctx context.Context, wait time.Duration) bool {
 // under it (a variable for the tests).
 var cacheResync = time.Second
 
+// initialLoadWait bounds a watch's initial load before it is made again.
+var initialLoadWait = 2 * time.Second
+
 // followKV keeps cache true to the bucket kv until ctx ends: a watch of every key, its initial
 // load swapped in whole, then each change applied; started again from nothing when it ends or
 // the connection was re-established (changes may have been missed meanwhile).
@@ -170,6 +173,9 @@ func followKV(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *
 func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *registryCache) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if !nc.IsConnected() {
+		return // a watch asked for now would wait out its request deadline (5 s) in the reconnect buffer
+	}
 	reconnects := nc.Stats().Reconnects
 	w, err := kv.WatchAll(wctx)
 	if err != nil {
@@ -178,12 +184,20 @@ func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache 
 	defer w.Stop()
 	t := time.NewTicker(cacheResync)
 	defer t.Stop()
+	// A watch made while the bus was still coming back may never finish its initial load: it
+	// is made again (the listings read the bucket meanwhile).
+	loadBy := time.NewTimer(initialLoadWait)
+	defer loadBy.Stop()
 	initial, deleted := map[string]cached{}, map[string]uint64{}
 	loading := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-loadBy.C:
+			if loading {
+				return
+			}
 		case <-t.C:
 			if nc.Stats().Reconnects != reconnects || !nc.IsConnected() {
 				return

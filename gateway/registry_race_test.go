@@ -242,8 +242,9 @@ func TestRegistryCacheResyncsAfterBusRestart(t *testing.T) {
 	if err := writer.Create(ctx, &api.Sandbox{Name: "resync/new", Image: "nexus-mini", Host: bus.LocalHost}); err != nil {
 		t.Fatal(err)
 	}
-	// Well within the time the watch would take to notice on its own (its consumer's heartbeat).
-	testutil.WaitFor(t, 5*time.Second, func() error {
+	// A watch asked for while the bus came back can wait out its request deadline (5 s) before it
+	// is made again.
+	testutil.WaitFor(t, 15*time.Second, func() error {
 		list, err := reg.List(ctx, nil)
 		if err != nil {
 			return err
