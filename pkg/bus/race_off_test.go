@@ -1,0 +1,6 @@
+//go:build !race
+
+package bus_test
+
+// raceDetector says the tests were built with -race.
+const raceDetector = false
