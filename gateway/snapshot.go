@@ -82,6 +82,11 @@ func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 	}
 	info, err := g.vmm(sb.Host).SnapshotCreate(ctx, vmmapi.SnapshotRequest{ID: sb.ID, Snapshot: snap, Op: op})
 	if err != nil {
+		// A stop that won the race leaves the vmm with no VM: say so in the sandbox's terms.
+		if now, gerr := g.reg.Get(ctx, name); errors.Is(err, errdefs.ErrConflict) && gerr == nil &&
+			now.State != api.StateRunning && now.State != api.StatePaused {
+			return nil, errdefs.Conflict("%s: sandbox %s is %s; only a running or paused sandbox can be snapshotted", op, now.Name, now.State)
+		}
 		return nil, err
 	}
 	failpoint.Hit("gateway/snapshot/vm")
