@@ -122,6 +122,10 @@ func stackGlobals(cmd *cobra.Command) (*cli.Global, error) {
 	if _, err := gitrelayHosts(g.Settings); err != nil {
 		return nil, err
 	}
+	// An unusable home is said as such, before anything reads from it.
+	if err := g.Home.Ensure(); err != nil {
+		return nil, cli.StartupError(err)
+	}
 	// A cluster node's services serve the host name it joined under.
 	if cl, ok, err := bus.LoadCluster(g.Home); err != nil {
 		return nil, err
