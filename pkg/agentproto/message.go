@@ -28,6 +28,10 @@ const (
 	OpListeners Op = "listeners"
 	OpShutdown  Op = "shutdown"
 	OpLogs      Op = "logs"
+	// OpExecKill kills the process of the exec on another stream of the same session (Stream):
+	// it reaches the agent while that exec's own stream is held back by a stdin the process
+	// does not read. Agents older than it refuse it as an unknown op.
+	OpExecKill Op = "exec-kill"
 )
 
 // Request opens a stream. Exactly the field matching Op is set.
@@ -39,6 +43,8 @@ type Request struct {
 	CopyOut   *CopyOutRequest   `json:"copy_out,omitempty"`
 	// Port is the TCP port for connect (a guest port) and dial-host (a host port).
 	Port int `json:"port,omitempty"`
+	// Stream is the yamux stream id of the exec that exec-kill kills.
+	Stream uint32 `json:"stream,omitempty"`
 }
 
 // Response answers a Request. A non-empty Error means the op failed; Code is its errdefs class.
@@ -232,6 +238,10 @@ func ReadRequest(r io.Reader) (*Request, error) {
 	case OpCopyOut:
 		if req.CopyOut == nil {
 			return nil, errdefs.Invalid("copy-out: missing request body")
+		}
+	case OpExecKill:
+		if req.Stream == 0 {
+			return nil, errdefs.Invalid("exec-kill: missing stream id")
 		}
 	case OpConnect, OpDialHost:
 		if req.Port < 1 || req.Port > 65535 {

@@ -77,7 +77,7 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 	if timeout > 0 {
 		t := time.AfterFunc(timeout, func() {
 			close(timedOut)
-			es.Signal(syscall.SIGKILL)
+			killExec(es)
 		})
 		defer t.Stop()
 	}
@@ -95,12 +95,7 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 			return
 		default:
 		}
-		killed := make(chan struct{})
-		go func() { es.Signal(syscall.SIGKILL); close(killed) }()
-		select {
-		case <-killed:
-		case <-time.After(5 * time.Second):
-		}
+		killExec(es)
 		es.Close()
 	}()
 	go func() {
@@ -157,6 +152,18 @@ func relayExec(sess *stream.Session, es *guest.ExecSession, timeout time.Duratio
 		}
 	}
 }
+
+// killExec kills a guest process whose caller is gone or whose time is up, over a stream of
+// its own (the exec's stream may be held back by a stdin the process does not read), within
+// execKillTimeout.
+func killExec(es *guest.ExecSession) {
+	ctx, cancel := context.WithTimeout(context.Background(), execKillTimeout)
+	defer cancel()
+	es.Kill(ctx)
+}
+
+// execKillTimeout bounds killExec.
+const execKillTimeout = 5 * time.Second
 
 // copy moves one file between host and guest over the caller's stream session.
 func (s *Service) copy(ctx context.Context, r api.CopyRequest) (api.Empty, error) {

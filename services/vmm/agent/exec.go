@@ -74,6 +74,36 @@ type execution struct {
 	exited atomic.Bool
 }
 
+// execKey names a running exec for exec-kill: its stream in its host session (stream ids are
+// only unique within one session).
+type execKey struct {
+	sess *yamux.Session
+	id   uint32
+}
+
+// trackExec makes the exec on st killable by exec-kill until the returned func is called.
+func (s *Server) trackExec(st *yamux.Stream, pid int) func() {
+	k := execKey{st.Session(), st.StreamID()}
+	s.mu.Lock()
+	s.execs[k] = pid
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.execs, k)
+		s.mu.Unlock()
+	}
+}
+
+// killExec kills the process group of the exec on stream id of sess, if it still runs.
+func (s *Server) killExec(sess *yamux.Session, id uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if pid, ok := s.execs[execKey{sess, id}]; ok {
+		s.log.Debug().Int("pid", pid).Msg("exec killed by its host")
+		syscall.Kill(-pid, syscall.SIGKILL)
+	}
+}
+
 // fail reports a start failure the way a shell would: an error frame and 127 (not found) or 126.
 func (e *execution) fail(err error, code int32) (int32, uint32) {
 	e.fw.WriteFrame(agentproto.FrameError, []byte(oneLine(err.Error())))
@@ -177,6 +207,7 @@ func (e *execution) run() (int32, uint32) {
 	}
 	pid := cmd.Process.Pid
 	e.s.log.Debug().Str(logArgv0, req.Argv[0]).Int("pid", pid).Msg("exec started")
+	untrack := e.s.trackExec(e.st, pid)
 
 	// Output pumps: one frame per read, straight from the pipe into the frame buffer.
 	var pumps sync.WaitGroup
@@ -210,6 +241,7 @@ func (e *execution) run() (int32, uint32) {
 	}()
 
 	ws := wait()
+	untrack()
 	e.exited.Store(true)
 	pumpsDone := make(chan struct{})
 	go func() { pumps.Wait(); close(pumpsDone) }()

@@ -89,6 +89,7 @@ type Server struct {
 	hostname string
 	vsock    bool
 	sessions []*yamux.Session // live sessions, newest last; dial-host uses the newest
+	execs    map[execKey]int  // running execs by stream: their pids (process groups)
 }
 
 // New returns a Server.
@@ -99,7 +100,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), env: map[string]string{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), env: map[string]string{}, execs: map[execKey]int{}}
 	if cfg.BootTime.IsZero() {
 		s.cfg.BootTime = s.start
 	}
@@ -248,6 +249,10 @@ func (s *Server) handleStream(ctx context.Context, st *yamux.Stream) {
 		s.handleLogs(st)
 	case agentproto.OpShutdown:
 		s.handleShutdown(st)
+	case agentproto.OpExecKill:
+		s.killExec(st.Session(), req.Stream)
+		s.reply(st, agentproto.Response{})
+		st.Close()
 	default: // dial-host is host-bound only
 		s.replyErr(st, errdefs.Invalid("%s: not served by the agent", req.Op))
 		st.Close()

@@ -7,11 +7,16 @@ import (
 	"fmt"
 	"io"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
 	"github.com/IniZio/nexus/pkg/agentproto"
+	"github.com/IniZio/nexus/pkg/errdefs"
 )
+
+// killTimeout bounds a kill of a guest process the caller no longer waits for.
+const killTimeout = 5 * time.Second
 
 // ExecRequest is what to run; see agentproto.ExecRequest.
 type ExecRequest = agentproto.ExecRequest
@@ -47,6 +52,7 @@ type Event struct {
 // ExecSession is a running guest process: the streaming form of Exec, for relays that forward
 // frames elsewhere (the bus). Input methods may be called concurrently with Next.
 type ExecSession struct {
+	c       *Client
 	st      *yamux.Stream
 	fw      *agentproto.FrameWriter
 	br      *bufio.Reader
@@ -64,6 +70,7 @@ func (c *Client) StartExec(ctx context.Context, req ExecRequest) (*ExecSession, 
 		return nil, err
 	}
 	return &ExecSession{
+		c:       c,
 		st:      st,
 		fw:      agentproto.NewFrameWriter(st),
 		br:      bufio.NewReaderSize(st, 64<<10),
@@ -97,6 +104,20 @@ func (e *ExecSession) Resize(rows, cols uint16) error {
 // Signal sends sig to the process group.
 func (e *ExecSession) Signal(sig syscall.Signal) error {
 	return e.fw.WriteFrame(agentproto.FrameSignal, agentproto.EncodeSignal(uint32(sig)))
+}
+
+// Kill kills the process group. It is asked for on a stream of its own, so it reaches the
+// agent while this session's input is held back (a process that reads none of its stdin fills
+// every window, and a signal frame would wait behind that stdin); an agent older than exec-kill
+// is sent the signal in-band instead. ctx bounds the whole of it.
+func (e *ExecSession) Kill(ctx context.Context) error {
+	_, err := e.c.call(ctx, agentproto.Request{Op: agentproto.OpExecKill, Stream: e.st.StreamID()})
+	if err == nil || !errors.Is(err, errdefs.ErrInvalid) {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { e.st.SetWriteDeadline(longAgo) })
+	defer stop()
+	return e.Signal(syscall.SIGKILL)
 }
 
 // Next returns the next output event; after EventExit it returns io.EOF.
@@ -187,7 +208,11 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader, std
 			}
 		}()
 	}
-	kill := context.AfterFunc(ctx, func() { s.Signal(syscall.SIGKILL) })
+	kill := context.AfterFunc(ctx, func() {
+		kctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+		defer cancel()
+		s.Kill(kctx)
+	})
 	defer kill()
 	for {
 		ev, err := s.Next()
