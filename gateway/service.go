@@ -126,6 +126,7 @@ func (g *Service) Run(ctx context.Context) error {
 	}
 	go g.watchLeases(ctx)
 	go g.watchIdle(ctx)
+	go g.watchHosts(ctx)
 	go g.watchGrants(ctx)
 	if err := g.watchRequests(ctx); err != nil {
 		return err

@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -95,6 +97,8 @@ func (tg *testGateway) exists(t *testing.T, sb *api.Sandbox) bool {
 type fakeServices struct {
 	mu      sync.Mutex
 	removed []string
+	// running are the VM ids the fake vmm of any host says run (inspect); others do not.
+	running map[string]bool
 }
 
 func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
@@ -108,9 +112,14 @@ func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
 				f.removed = append(f.removed, string(m.Data))
 				f.mu.Unlock()
 			}
-			if m.Reply != "" {
-				m.Respond(ok)
+			if m.Reply == "" {
+				return
 			}
+			if info, ok := f.inspect(m); ok {
+				m.Respond(info)
+				return
+			}
+			m.Respond(ok)
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -121,4 +130,24 @@ func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// inspect answers a vmm inspect of a VM in f.running with it running.
+func (f *fakeServices) inspect(m *nats.Msg) ([]byte, bool) {
+	parts := strings.Split(m.Subject, ".")
+	if len(parts) < 3 || m.Subject != vmmapi.Inspect.Subject(parts[2]) {
+		return nil, false
+	}
+	var r vmmapi.IDRequest
+	if json.Unmarshal(m.Data, &r) != nil {
+		return nil, false
+	}
+	f.mu.Lock()
+	run := f.running[r.ID]
+	f.mu.Unlock()
+	if !run {
+		return nil, false
+	}
+	b, _ := bus.EncodeOK(vmmapi.VMInfo{ID: r.ID, Running: true})
+	return b, true
 }

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/bus"
+)
+
+// TestHostLoss: the running and paused sandboxes of a host whose heartbeat expired are failed
+// with "host X lost" (the gateway's own host and other states are left alone); when the host
+// heartbeats again, a sandbox whose VM still runs there is running again and one whose VM is
+// gone is cleaned up and stays failed, saying so.
+func TestHostLoss(t *testing.T) {
+	tg := newTestGateway(t)
+	kv, err := bus.KV(tg.ctx, tg.bus.Connect(t, bus.UserAdmin), bus.KVHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat := func(host string, at time.Time) {
+		t.Helper()
+		if err := bus.Beat(tg.ctx, kv, bus.HostBeat{Host: host, MemoryMiB: 4096, At: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func() { tg.checkHosts(tg.ctx, tg.hostStates(tg.ctx)) }
+	survivor := tg.add(t, &api.Sandbox{Name: "default/survivor", Host: "b"}, api.StateRunning)
+	gone := tg.add(t, &api.Sandbox{Name: "default/gone", Host: "b"}, api.StateRunning)
+	stopped := tg.add(t, &api.Sandbox{Name: "default/stopped", Host: "b"}, api.StateStopped)
+	local := tg.add(t, &api.Sandbox{Name: "default/local"}, api.StateRunning)
+	other := tg.add(t, &api.Sandbox{Name: "default/other", Host: "c"}, api.StateRunning)
+	started := tg.get(t, survivor).StartedAt
+
+	now := time.Now()
+	beat(bus.LocalHost, now.Add(-time.Hour)) // its own host's vmm restarting: reconcile's, not this
+	beat("b", now)
+	beat("c", now)
+	check()
+	for _, sb := range []*api.Sandbox{survivor, gone, local, other} {
+		if st := tg.get(t, sb).State; st != api.StateRunning {
+			t.Fatalf("%s is %s with every host up; want running", sb.Name, st)
+		}
+	}
+
+	beat("b", now.Add(-bus.HostTTL-time.Second))
+	check()
+	for _, sb := range []*api.Sandbox{survivor, gone} {
+		cur := tg.get(t, sb)
+		if cur.State != api.StateFailed || cur.Reason != "host b lost" {
+			t.Errorf("%s of lost host b: %s (%q); want failed (\"host b lost\")", sb.Name, cur.State, cur.Reason)
+		}
+	}
+	for sb, want := range map[*api.Sandbox]api.State{stopped: api.StateStopped, local: api.StateRunning, other: api.StateRunning} {
+		if st := tg.get(t, sb).State; st != want {
+			t.Errorf("%s: %s after host b was lost; want %s", sb.Name, st, want)
+		}
+	}
+
+	// b is back: survivor's VM still runs there, gone's does not.
+	tg.fake.mu.Lock()
+	tg.fake.running = map[string]bool{survivor.ID: true}
+	tg.fake.mu.Unlock()
+	beat("b", time.Now())
+	check()
+	cur := tg.get(t, survivor)
+	if cur.State != api.StateRunning || cur.Reason != "" || !cur.StartedAt.Equal(started) {
+		t.Errorf("survivor after b is back: %s (%q, started %v); want running again, started %v", cur.State, cur.Reason, cur.StartedAt, started)
+	}
+	cur = tg.get(t, gone)
+	if cur.State != api.StateFailed || !strings.Contains(cur.Reason, "host b lost; its VM did not survive") || !strings.Contains(cur.Reason, "nexus start default/gone") {
+		t.Errorf("gone after b is back: %s (%q); want failed, saying its VM did not survive", cur.State, cur.Reason)
+	}
+	// Settled once: another check changes nothing.
+	rev := cur.Revision
+	check()
+	if cur = tg.get(t, gone); cur.Revision != rev {
+		t.Errorf("gone was written again by a later check: %s (%q)", cur.State, cur.Reason)
+	}
+}
