@@ -71,8 +71,6 @@ test: deps build build-e2e test-unit test-vm
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 15m $(UNIT_PKGS)
-	@# Skipped under -race (a race inside nats-server's ReloadOptions), so run here without it.
-	$(GO) test -count=1 -timeout 5m -run '^TestClusterOfThree$$' ./pkg/bus
 
 test-vm:
 	$(GO) test -count=1 -p 1 -timeout 40m $(VM_PKGS)

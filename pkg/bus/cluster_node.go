@@ -71,8 +71,7 @@ func clusterOptions(h home.Dir, cl Cluster, opts *server.Options) error {
 
 // clusterLoop keeps a clustered node's JetStream in shape until Shutdown: it makes the buckets
 // and streams once a quorum answers, raises them to ClusterReplicas once three nodes are in the
-// cluster (never lowers them), reloads the join users when tokens change or expire, and on the
-// node with the CA answers joins.
+// cluster (never lowers them), and on the node with the CA answers joins.
 func (s *Server) clusterLoop(ctx context.Context) {
 	defer close(s.done)
 	nc, err := Connect(ctx, ConnectConfig{Home: s.home, User: UserBus, URL: s.url, Log: s.log, Reconnect: true})
@@ -89,7 +88,6 @@ func (s *Server) clusterLoop(ctx context.Context) {
 			defer sub.Unsubscribe()
 		}
 	}
-	go s.tokenLoop(ctx)
 	replicas := 0
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -131,41 +129,6 @@ func (s *Server) next(ctx context.Context, tick *time.Ticker) bool {
 	}
 }
 
-// tokenLoop gives the bus the users of the usable join tokens: at once when tokens.json
-// changes, and when one expires.
-func (s *Server) tokenLoop(ctx context.Context) {
-	var seen []string
-	first := true
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		tokens, err := loadTokens(s.home)
-		if err != nil {
-			s.log.Warn().Err(err).Msg("cluster: join tokens")
-		} else if users := joinUsers(tokens, time.Now()); first || !slices.Equal(userNames(users), seen) {
-			// Reloaded only when the set changes: a reload forgets the replies a user owes.
-			first, seen = false, userNames(users)
-			opts := s.opts.Clone()
-			opts.Users = slices.DeleteFunc(opts.Users, func(u *server.User) bool { return strings.HasPrefix(u.Username, joinUserPrefix) })
-			opts.Users = append(opts.Users, users...)
-			if err := s.ns.ReloadOptions(opts); err != nil {
-				s.log.Warn().Err(err).Msg("cluster: reloading the join users")
-			}
-		}
-		if !s.next(ctx, tick) {
-			return
-		}
-	}
-}
-
-func userNames(us []*server.User) []string {
-	out := make([]string, len(us))
-	for i, u := range us {
-		out[i] = u.Username
-	}
-	return out
-}
-
 // joinMu serialises the CA host's writes of tokens.json (answerJoin and the CLI in-process).
 var joinMu sync.Mutex
 
@@ -201,22 +164,6 @@ func loadTokens(h home.Dir) ([]Token, error) {
 func saveTokens(h home.Dir, ts []Token) error {
 	b, _ := json.MarshalIndent(ts, "", "  ")
 	return atomicfile.WriteFile(clusterFile(h, "tokens.json"), append(b, '\n'), 0o600)
-}
-
-// joinUsers are the bus users of the usable tokens: each may only ask to join.
-func joinUsers(ts []Token, now time.Time) []*server.User {
-	var out []*server.User
-	for _, t := range ts {
-		if !t.Usable(now) {
-			continue
-		}
-		user := joinUserPrefix + t.ID
-		out = append(out, &server.User{Username: user, Password: t.Hash, Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{ClusterJoinSubject}},
-			Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix(user) + ".>"}},
-		}})
-	}
-	return out
 }
 
 // tokenWire is what a join token carries: where to join, which CA to expect, and the secret.

@@ -45,13 +45,6 @@ func startNode(t *testing.T, h home.Dir) *bus.Server {
 // worker host's services serve only their own host's subjects and have no gateway user; and
 // no node's client port answers without TLS or without credentials.
 func TestClusterOfThree(t *testing.T) {
-	if raceDetector {
-		// nats-server 2.15.2's ReloadOptions (how new join tokens become users) reads a client's
-		// fields while a connecting client's authentication writes them (reload.go
-		// reloadAuthorization vs client.go registerUser): the race detector reports it inside
-		// nats-server. make test-unit runs this test again without -race.
-		t.Skip("run without -race (make test-unit does): nats-server's own ReloadOptions race")
-	}
 	if testing.Short() {
 		t.Skip("three bus nodes")
 	}

@@ -43,7 +43,6 @@ type Server struct {
 	home    home.Dir
 	host    string
 	cluster *Cluster // nil: the single-host bus
-	opts    *server.Options
 	log     zerolog.Logger
 	stop    chan struct{}
 	done    chan struct{}
@@ -121,9 +120,10 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		}
 		port = cl.ClientPort
 		cfg.Host = opts.Host
-		if tokens, err := loadTokens(cfg.Home); err == nil {
-			opts.Users = append(opts.Users, joinUsers(tokens, time.Now())...)
-		}
+		// Beyond loopback the clients are checked by clusterAuth, which also admits the join
+		// tokens' users as the tokens change.
+		opts.CustomClientAuthentication = newClusterAuth(cfg.Home, opts.Users)
+		opts.Users = nil
 	}
 	if port != server.RANDOM_PORT {
 		// Say clearly that the port is taken rather than letting nats-server log and exit.
@@ -145,7 +145,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		lock.Close()
 		return nil, errdefs.Unavailable("bus: the server did not become ready on %s:%d", cfg.Host, port)
 	}
-	s := &Server{ns: ns, lock: lock, url: ns.ClientURL(), home: cfg.Home, host: hostName, opts: opts, log: cfg.Log, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Server{ns: ns, lock: lock, url: ns.ClientURL(), home: cfg.Home, host: hostName, log: cfg.Log, stop: make(chan struct{}), done: make(chan struct{})}
 	if clustered {
 		s.cluster = &cl
 		s.url = "tls://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ns.Addr().(*net.TCPAddr).Port))

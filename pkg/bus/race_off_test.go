@@ -1,6 +1,0 @@
-//go:build !race
-
-package bus_test
-
-// raceDetector says the tests were built with -race.
-const raceDetector = false
