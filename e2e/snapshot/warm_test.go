@@ -53,7 +53,7 @@ func ids(t *testing.T) map[string]string {
 var hex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // Two sandboxes created from one template are restored from it, each with an identity of its
-// own (hostname, machine-id, RNG output, boot uuid), its own placeholder and the perimeter's CA;
+// own (hostname, machine-id, RNG output, boot uuid, MAC), its own placeholder and the perimeter's CA;
 // and the template's files hold neither the CA nor the placeholder. --cold still boots.
 func TestWarmCreateFreshIdentity(t *testing.T) {
 	create(t, "warm/first") // cold unless another test of this package built the template already
@@ -73,17 +73,22 @@ func TestWarmCreateFreshIdentity(t *testing.T) {
 		}
 	}
 
-	probe := "hostname; cat /etc/machine-id; cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo"
+	probe := "hostname; cat /etc/machine-id; cat /proc/sys/kernel/random/uuid; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; " +
+		"cat /sys/class/net/eth0/address; (nslookup fresh.mac.example 2>&1 | grep -q NXDOMAIN && echo dns-ok || echo dns-fail)"
 	seen := map[string]string{}
 	for _, name := range []string{"warm/a", "warm/b"} {
 		lines := strings.Split(strings.TrimSpace(stack.MustNexus(t, "exec", name, "--", "sh", "-c", probe)), "\n")
-		if len(lines) != 4 {
+		if len(lines) != 6 {
 			t.Fatalf("%s: probe printed %q", name, lines)
 		}
 		if want := strings.TrimPrefix(name, "warm/"); lines[0] != want {
 			t.Errorf("%s: hostname %q, want %q", name, lines[0], want)
 		}
-		for i, what := range []string{"machine-id", "boot uuid", "random bytes"} {
+		// The gateway resolver answers over the new MAC: the netstack learnt it.
+		if lines[5] != "dns-ok" {
+			t.Errorf("%s: no answer from the gateway's resolver after the MAC change: %q", name, lines[5])
+		}
+		for i, what := range []string{"machine-id", "boot uuid", "random bytes", "MAC"} {
 			v := lines[i+1]
 			if other, dup := seen[v]; dup {
 				t.Errorf("%s and %s share their %s %s", other, name, what, v)

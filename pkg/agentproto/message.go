@@ -132,6 +132,9 @@ type NetworkConfig struct {
 	Address string   `json:"address"` // CIDR, e.g. 192.168.127.2/24
 	Gateway string   `json:"gateway,omitempty"`
 	DNS     []string `json:"dns,omitempty"`
+	// MAC, when set, is given to eth0 first (aa:bb:cc:dd:ee:ff, unicast): a guest restored from
+	// a template or snapshot has the MAC of the VM it was saved from until then.
+	MAC string `json:"mac,omitempty"`
 }
 
 // ExecRequest starts a process in the guest.

@@ -363,7 +363,7 @@ func (b *boot) attachVolumes(ctx context.Context) error {
 func (b *boot) startVM(ctx context.Context) error {
 	b.spec = b.machineSpec()
 	if b.netSocket != "" {
-		b.spec.Net = &hypervisor.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
+		b.spec.Net = &guestNet
 	}
 	vm, err := b.s.drv.Start(ctx, b.spec)
 	if err != nil {
@@ -373,6 +373,9 @@ func (b *boot) startVM(ctx context.Context) error {
 	b.running(vm)
 	return nil
 }
+
+// guestNet is eth0 of every guest with a NIC: each sandbox has a netstack of its own.
+var guestNet = hypervisor.GuestNet{IP: "192.168.127.2/24", Gateway: "192.168.127.1", DNS: "192.168.127.1"}
 
 // running records the VM a step started.
 func (b *boot) running(vm hypervisor.VM) {
@@ -413,6 +416,12 @@ func (b *boot) configure(ctx context.Context) error {
 	rand.Read(seed)
 	cfg := agentproto.ConfigureRequest{Hostname: b.hostname, Env: withImageEnv(b.env, b.s.imageConfig(b.dir)), Time: &now,
 		Seed: seed, MachineID: machineID(b.id)}
+	if b.snapshot != "" && b.netSocket != "" && b.info.Net {
+		// A restored guest has the MAC of the VM it was saved from (a template's, or the
+		// snapshotted sandbox's): it takes the one a cold boot of this sandbox has, before
+		// anything runs in it. Its IP is its own netstack's lease.
+		cfg.Network = &agentproto.NetworkConfig{Address: guestNet.IP, Gateway: guestNet.Gateway, MAC: hypervisor.MACFor(b.id)}
+	}
 	if len(b.trustCA) > 0 {
 		// The perimeter's CA, for curl, git and OpenSSL-based tools: one round trip, no shell.
 		cfg.TrustCA = &agentproto.TrustCA{Path: api.CAPath, PEM: b.trustCA}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -28,6 +29,12 @@ func ConfigureInterface(ifname string, n agentproto.NetworkConfig) error {
 			return errdefs.Invalid("network: gateway %.60q is not an IPv4 address", n.Gateway)
 		}
 	}
+	var mac net.HardwareAddr
+	if n.MAC != "" {
+		if mac, err = net.ParseMAC(n.MAC); err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+			return errdefs.Invalid("network: mac %.60q is not a unicast aa:bb:cc:dd:ee:ff", n.MAC)
+		}
+	}
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return fmt.Errorf("network: %s: %w", ifname, err)
@@ -37,6 +44,13 @@ func ConfigureInterface(ifname string, n agentproto.NetworkConfig) error {
 		return err
 	}
 	defer unix.Close(nl)
+	// Before anything else goes out: the kernel flushes the interface's neighbours on the change,
+	// so the gateway learns the new address from the guest's next ARP.
+	if mac != nil && !bytes.Equal(mac, ifc.HardwareAddr) {
+		if err := setLinkAddress(nl, ifc.Index, mac); err != nil {
+			return fmt.Errorf("network: %s mac: %w", ifname, err)
+		}
+	}
 	if err := linkUp(nl, ifc.Index); err != nil {
 		return fmt.Errorf("network: %s up: %w", ifname, err)
 	}
@@ -141,6 +155,14 @@ func linkUp(fd, index int) error {
 	binary.NativeEndian.PutUint32(body[8:], unix.IFF_UP)  // flags
 	binary.NativeEndian.PutUint32(body[12:], unix.IFF_UP) // change
 	return nlRequest(fd, unix.RTM_NEWLINK, 0, body)
+}
+
+// setLinkAddress sets an interface's MAC address (virtio-net changes it while up).
+func setLinkAddress(fd, index int, mac net.HardwareAddr) error {
+	body := make([]byte, unix.SizeofIfInfomsg)
+	body[0] = unix.AF_UNSPEC
+	binary.NativeEndian.PutUint32(body[4:], uint32(index))
+	return nlRequest(fd, unix.RTM_NEWLINK, 0, body, rtattr(unix.IFLA_ADDRESS, mac))
 }
 
 func addAddr(fd, index int, pfx netip.Prefix) error {
