@@ -74,7 +74,7 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
 	spec := netapi.Spec{
 		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true, Limits: plan.egress.Limits,
-		Policy: plan.netPolicy(),
+		Policy: plan.netPolicy(), GuestMAC: vmmapi.MACFor(sb.ID),
 	}
 	if _, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,8 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
+	"github.com/IniZio/nexus/pkg/bus"
 )
 
 // Warm start (issue 24): creates restored from a booted template against cold boots of the same
@@ -32,31 +37,98 @@ func warmTemplate(b *testing.B, memMiB int) {
 
 // createTimed creates a nexus-mini sandbox and runs its first command; it returns how long that took.
 func createTimed(b *testing.B, name string, memMiB int, cold, firstExec bool) time.Duration {
+	return createProfiled(b, name, memMiB, cold, firstExec, nil)
+}
+
+// createProfiled is createTimed adding, when p is set, what each part of the create took.
+func createProfiled(b *testing.B, name string, memMiB int, cold, firstExec bool, p *createProfile) time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	req := api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: memMiB, Cold: cold, Labels: map[string]string{"nexus-test": "1"}}
+	var steps chan vmmapi.Step
+	if p != nil {
+		req.Progress = bus.StreamPrefix + "." + nuid.Next() + ".out"
+		steps = make(chan vmmapi.Step, 32)
+		sub, err := client.Conn().Subscribe(req.Progress, func(m *nats.Msg) {
+			var st vmmapi.Step
+			if json.Unmarshal(m.Data, &st) == nil && st.Name != "" {
+				steps <- st
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		client.Conn().Flush()
+	}
 	t0 := time.Now()
-	if _, err := client.Create(ctx, api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: memMiB, Cold: cold, Labels: map[string]string{"nexus-test": "1"}}); err != nil {
+	if _, err := client.Create(ctx, req); err != nil {
 		b.Error(err)
 		return 0
 	}
+	created := time.Since(t0)
 	if firstExec {
 		if err := exec(ctx, name, "true"); err != nil {
 			b.Error(err)
 		}
 	}
-	return time.Since(t0)
+	took := time.Since(t0)
+	if p != nil {
+		client.Conn().Flush()
+		p.add("create", created)
+		p.add("first-exec", took-created)
+		var vmm time.Duration
+		for len(steps) > 0 {
+			st := <-steps
+			d := time.Duration(st.Millis) * time.Millisecond
+			vmm += d
+			p.add("step-"+st.Name, d)
+		}
+		p.add("gateway", created-vmm) // the create beyond the vmm's boot steps
+		p.n++
+	}
+	return took
 }
 
-// BenchmarkWarmCreate is create → first exec result restored from the template vs a cold boot.
+// createProfile sums what the parts of a series of creates took.
+type createProfile struct {
+	n     int
+	parts map[string]time.Duration
+}
+
+func (p *createProfile) add(part string, d time.Duration) {
+	if p.parts == nil {
+		p.parts = map[string]time.Duration{}
+	}
+	p.parts[part] += d
+}
+
+// report reports each part's mean as ms-<prefix>-<part>.
+func (p *createProfile) report(b *testing.B, prefix string) {
+	for part, d := range p.parts {
+		if p.n > 0 {
+			b.ReportMetric(float64((d / time.Duration(p.n)).Milliseconds()), "ms-"+prefix+"-"+part)
+		}
+	}
+}
+
+// BenchmarkWarmCreate is create → first exec result restored from the template vs a cold boot,
+// with where each one's time went: the vmm's boot steps, the rest of the create (the gateway:
+// records, netstack, perimeter) and the first exec.
 func BenchmarkWarmCreate(b *testing.B) {
 	warmTemplate(b, 256)
 	i := 0
 	var cold, warm time.Duration
+	var coldParts, warmParts createProfile
 	for b.Loop() {
 		for _, c := range []bool{true, false} {
 			name := fmt.Sprintf("bench/warm-%d", i)
 			i++
-			d := createTimed(b, name, 256, c, true)
+			p := &warmParts
+			if c {
+				p = &coldParts
+			}
+			d := createProfiled(b, name, 256, c, true, p)
 			b.StopTimer()
 			remove(name)
 			b.StartTimer()
@@ -71,6 +143,8 @@ func BenchmarkWarmCreate(b *testing.B) {
 	b.ReportMetric(float64((cold / n).Milliseconds()), "ms-cold")
 	b.ReportMetric(float64((warm / n).Milliseconds()), "ms-warm")
 	b.ReportMetric(float64(warm)/float64(cold), "x-cold")
+	coldParts.report(b, "cold")
+	warmParts.report(b, "warm")
 }
 
 // createParallel creates n sandboxes at once and returns the wall time.

@@ -1,8 +1,9 @@
 package hypervisor
 
 import (
-	"crypto/sha256"
 	"fmt"
+
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 )
 
 // Mount is a host directory shared into the guest over virtio-9p, or over virtiofs when Virtiofs
@@ -88,9 +89,6 @@ type Spec struct {
 	Incoming bool
 }
 
-// MACFor is the MAC address a VM with this id gets when its spec names none: a stable locally
-// administered unicast address. A restored VM keeps the MAC of the VM it was saved from.
-func MACFor(id string) string {
-	h := sha256.Sum256([]byte("nexus-mac\x00" + id))
-	return fmt.Sprintf("5a:94:ef:%02x:%02x:%02x", h[0], h[1], h[2])
-}
+// MACFor is the MAC address a VM with this id gets when its spec names none (vmm.MACFor). A
+// restored VM has the MAC of the VM it was saved from until its configure step gives it its own.
+func MACFor(id string) string { return vmmapi.MACFor(id) }
