@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/IniZio/nexus/pkg/bus"
 )
 
 // installedBinary is where the units expect nexus (and nexus-agent beside it).
@@ -63,7 +65,35 @@ func TestSystemdVerifyCatchesTypos(t *testing.T) {
 // TestTargetRunsEveryService checks that nexus.target starts the bus and one instance per
 // service, the same list as the Procfile.
 func TestTargetRunsEveryService(t *testing.T) {
-	b, err := os.ReadFile("systemd/nexus.target")
+	got := targetServices(t, "systemd/nexus.target")
+	// The HTTP API (the Procfile's api) is opt-in under systemd: systemctl enable --now
+	// nexus-serve@api.
+	want := slices.DeleteFunc(procfileServices(t), func(s string) bool { return s == "api" })
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("nexus.target wants %v, the Procfile runs %v", got, want)
+	}
+}
+
+// TestWorkerTargetRunsHostServices checks that nexus-worker.target starts the bus and the
+// services of one host's sandboxes, without the control plane's (a worker's bus node has no
+// users for them).
+func TestWorkerTargetRunsHostServices(t *testing.T) {
+	got := targetServices(t, "systemd/nexus-worker.target")
+	want := slices.DeleteFunc(slices.Clone(bus.Services), func(s string) bool { return slices.Contains(bus.ControlUsers, s) })
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("nexus-worker.target wants %v; a worker host runs %v", got, want)
+	}
+}
+
+// targetServices is what a target Wants: "bus" for nexus-bus.service, the instance names of
+// nexus-serve@.
+func targetServices(t *testing.T, file string) []string {
+	t.Helper()
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,14 +110,7 @@ func TestTargetRunsEveryService(t *testing.T) {
 			}
 		}
 	}
-	// The HTTP API (the Procfile's api) is opt-in under systemd: systemctl enable --now
-	// nexus-serve@api.
-	want := slices.DeleteFunc(procfileServices(t), func(s string) bool { return s == "api" })
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Fatalf("nexus.target wants %v, the Procfile runs %v", got, want)
-	}
+	return got
 }
 
 func requireAnalyze(t *testing.T) string {
