@@ -9,12 +9,16 @@ import (
 	"os"
 
 	"github.com/IniZio/nexus/gateway/cli"
+	"github.com/IniZio/nexus/services/vmm/image"
 	"github.com/IniZio/nexus/services/vmm/qemu"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == qemu.JailCommand {
 		os.Exit(qemu.JailMain(os.Args[2:])) // the vmm starting a contained QEMU
+	}
+	if len(os.Args) > 1 && os.Args[1] == image.ExtractCommand {
+		os.Exit(image.ExtractMain(os.Args[2:])) // the vmm extracting an image's layers
 	}
 	root := cli.NewRoot()
 	root.AddCommand(upCommand(), serveCommand())

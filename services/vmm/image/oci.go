@@ -351,25 +351,14 @@ func install(ctx context.Context, h home.Dir, cache string, img v1.Image, src so
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, err
 	}
-	x := newExtractor(root, o.MaxBytes, o.MaxInodes)
-	for i, l := range layers {
-		ld, err := l.Digest()
-		if err != nil {
-			return nil, fmt.Errorf("image %s: layer %d: %s", what, i+1, oneLine(err))
-		}
-		label := fmt.Sprintf("layer %d/%d (%s)", i+1, len(layers), shortHex(ld.String()))
-		progress(label, 0.05+0.8*float64(i)/float64(len(layers)))
-		rc, err := openLayer(ctx, cache, l, src.remote, o)
-		if err != nil {
-			return nil, fmt.Errorf("image %s: %s: %s", what, label, oneLine(err))
-		}
-		err = applyLayer(x, rc, label, cfg.RootFS.DiffIDs[i])
-		rc.Close()
-		if err != nil {
-			return nil, fmt.Errorf("image %s: %w", what, err)
-		}
+	ex, err := startExtraction(root, o.MaxBytes, o.MaxInodes)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", what, err)
 	}
-	if err := x.finish(); err != nil {
+	x, err := extractLayers(ctx, ex, layers, cfg.RootFS.DiffIDs, cache, src.remote, o, func(label string, i int) {
+		progress(label, 0.05+0.8*float64(i)/float64(len(layers)))
+	})
+	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", what, err)
 	}
 	progress("mkfs.ext4", 0.87)
@@ -418,21 +407,34 @@ func install(ctx context.Context, h home.Dir, cache string, img v1.Image, src so
 	return out, err
 }
 
-// applyLayer applies one uncompressed layer stream and checks it against its diff id, so a
-// corrupt layer fails even when its tar happens to parse.
-func applyLayer(x *extractor, rc io.Reader, label string, diffID v1.Hash) error {
-	sum := sha256.New()
-	tee := io.TeeReader(rc, sum)
-	if err := x.apply(tee, label); err != nil {
-		return err
+// extractLayers streams the layers, in order, to the extractor child and returns what it
+// recorded. A layer that fails to open or does not match its diff id stops the child; an error
+// of the child's is its own.
+func extractLayers(ctx context.Context, ex *extraction, layers []v1.Layer, diffIDs []v1.Hash, cache string, remote bool, o PullOptions, step func(string, int)) (*extractor, error) {
+	for i, l := range layers {
+		ld, err := l.Digest()
+		if err != nil {
+			ex.kill()
+			return nil, fmt.Errorf("layer %d: %s", i+1, oneLine(err))
+		}
+		label := fmt.Sprintf("layer %d/%d (%s)", i+1, len(layers), shortHex(ld.String()))
+		step(label, i)
+		rc, err := openLayer(ctx, cache, l, remote, o)
+		if err != nil {
+			ex.kill()
+			return nil, fmt.Errorf("%s: %s", label, oneLine(err))
+		}
+		err = ex.layer(rc, label, diffIDs[i])
+		rc.Close()
+		if errors.Is(err, errStopped) {
+			break
+		}
+		if err != nil {
+			ex.kill()
+			return nil, err
+		}
 	}
-	if _, err := io.Copy(io.Discard, io.LimitReader(tee, 1<<20)); err != nil { // the tar's end padding
-		return x.errorf("%s", oneLine(err))
-	}
-	if got := "sha256:" + hex.EncodeToString(sum.Sum(nil)); got != diffID.String() {
-		return x.errorf("content is %s, not the %s its config says: corrupt layer", shortHex(got), shortHex(diffID.String()))
-	}
-	return nil
+	return ex.finish(o.MaxBytes, o.MaxInodes)
 }
 
 // openLayer returns a layer's uncompressed stream. A registry's layer is first downloaded into
