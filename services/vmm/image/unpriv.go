@@ -236,13 +236,14 @@ func (r *layerReader) Read(p []byte) (int, error) {
 
 // extraction is a running extractor child, fed by the vmm.
 type extraction struct {
-	cmd    *exec.Cmd
-	in     io.WriteCloser
-	out    *bufio.Reader
-	stderr bytes.Buffer
-	root   string
-	userNS bool // the child runs in a user namespace
-	broken bool // the child stopped reading: its result says why
+	cmd       *exec.Cmd
+	in        io.WriteCloser
+	out       *bufio.Reader
+	stderr    bytes.Buffer
+	root      string
+	maxInodes int64
+	userNS    bool // the child runs in a user namespace
+	broken    bool // the child stopped reading: its result says why
 }
 
 // startExtraction starts the extractor child on root, an empty directory in a directory of its
@@ -294,7 +295,10 @@ func spawnExtractor(exe, root string, spec extractSpec, hostID int) (*extraction
 	}
 	defer dir.Close()
 	js, _ := json.Marshal(spec)
-	e := &extraction{root: root, userNS: spec.UserNS}
+	e := &extraction{root: root, userNS: spec.UserNS, maxInodes: spec.MaxInodes}
+	if e.maxInodes <= 0 {
+		e.maxInodes = DefaultMaxInodes
+	}
 	e.cmd = &exec.Cmd{Path: "/proc/self/fd/3", Args: []string{"nexus", ExtractCommand, string(js)}, ExtraFiles: []*os.File{bin, dir}}
 	root0 := os.Getuid() == 0
 	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -407,7 +411,10 @@ func (e *extraction) finish(maxBytes, maxInodes int64) (*extractor, error) {
 		return nil, err
 	}
 	x := newExtractor(e.root, maxBytes, maxInodes)
-	for p, m := range res.Meta {
+	for p, m := range res.Meta { // the child's word, checked as the layers' was
+		if m[0] < 0 || m[1] < 0 || m[0] > 1<<31 || m[1] > 1<<31 || m[2] < 0 {
+			return nil, fmt.Errorf("extractor: %s: owner %d:%d out of range", p, m[0], m[1])
+		}
 		x.meta[p] = owner{uid: int(m[0]), gid: int(m[1]), perm: uint32(m[2]) & 0o7777}
 	}
 	x.devices = res.Devices
@@ -418,7 +425,9 @@ func (e *extraction) finish(maxBytes, maxInodes int64) (*extractor, error) {
 func (e *extraction) wait() (extractResult, error) {
 	e.in.Close()
 	var res extractResult
-	derr := json.NewDecoder(e.out).Decode(&res)
+	// Bounded as the layers are: an entry's path is at most maxLinkTarget bytes.
+	limit := e.maxInodes*(maxLinkTarget+64) + 1<<20
+	derr := json.NewDecoder(io.LimitReader(e.out, limit)).Decode(&res)
 	io.Copy(io.Discard, e.out)
 	werr := e.cmd.Wait()
 	if os.Getuid() == 0 {
