@@ -241,7 +241,15 @@ func switchRoot(cmd Cmdline) error {
 	if err := unix.Chroot("."); err != nil {
 		return fmt.Errorf("chroot: %w", err)
 	}
-	return unix.Chdir("/")
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	// An image need not have /etc (a pulled one made FROM scratch); the agent writes into it
+	// (hostname, hosts, resolv.conf, machine-id, the CA).
+	if err := os.MkdirAll("/etc", 0o755); err != nil {
+		return fmt.Errorf("/etc: %w", err)
+	}
+	return nil
 }
 
 // systemMounts gives exec'd commands a normal system: /dev/pts, /dev/shm, /tmp, /run and the
