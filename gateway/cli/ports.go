@@ -15,8 +15,9 @@ func portsCommand() *cobra.Command {
 		Use:   "ports [[project/]NAME]",
 		Short: "List guest ports forwarded to the same port on 127.0.0.1, and conflicts",
 		Long: "Guest TCP listeners on ports " + strconv.Itoa(portfwdapi.MinPort) + "-" + strconv.Itoa(portfwdapi.MaxPort) +
-			" appear at the same port on 127.0.0.1 of the host. A port already taken on the host, or by another\n" +
-			"sandbox first, is listed as a conflict with what holds it; the number is never changed.",
+			" appear at the same port on 127.0.0.1 of the host the sandbox runs on (HOST). A port already taken\n" +
+			"on the host, or by another sandbox first, is listed as a conflict with what holds it; the number is\n" +
+			"never changed. Without a name, the forwards of every host.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, _, err := dial(cmd)
@@ -35,9 +36,9 @@ func portsCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SANDBOX\tPORT\tHOST ADDRESS\tSTATE\tHOLDER\tSINCE")
+			fmt.Fprintln(tw, "SANDBOX\tPORT\tHOST ADDRESS\tSTATE\tHOLDER\tSINCE\tHOST")
 			for _, f := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", f.Sandbox, f.Port, f.HostAddr, f.State, dash(f.Holder), age(f.Since))
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", f.Sandbox, f.Port, f.HostAddr, f.State, dash(f.Holder), age(f.Since), dash(f.Host))
 			}
 			return tw.Flush()
 		},
