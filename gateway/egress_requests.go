@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,8 +119,12 @@ func (g *Service) recordRequest(ctx context.Context, r netapi.EgressRequest) err
 			if (r.Proto == "tcp" || r.Proto == "udp") && r.SrcPort > 0 && r.SrcPort <= 65535 {
 				go g.nameAsker(context.WithoutCancel(ctx), sb.Name, fresh.ID, r.Proto, r.SrcPort)
 			}
+			why := "pending request " + fresh.ID + ": nexus egress approve " + fresh.ID + " or reject " + fresh.ID
+			if reason != "" {
+				why += fmt.Sprintf("; reason reported by the guest: %q", reason)
+			}
 			g.emitAudit(audit.Event{Sandbox: sb.ID, Name: sb.Name, Layer: audit.LayerPolicy, Host: host, Port: r.Port, Decision: audit.Deny,
-				Rule: RuleEgressRequest, By: "the guest", Reason: "pending request " + fresh.ID + ": nexus egress approve " + fresh.ID + " or reject " + fresh.ID})
+				Rule: RuleEgressRequest, By: "the guest", Reason: why})
 		}
 		return err
 	}
@@ -175,7 +180,9 @@ func (g *Service) egressRequests(ctx context.Context, _ api.Empty) ([]api.Egress
 	}
 	out := []api.EgressRequest{}
 	for _, sb := range all {
-		out = append(out, sb.Egress.Requests...)
+		for _, r := range sb.Egress.Requests {
+			out = append(out, r.Labelled())
+		}
 	}
 	return out, nil
 }

@@ -179,6 +179,7 @@ func (g *Service) Run(ctx context.Context) error {
 			api.EgressRequests.Serve(s, g.egressRequests),
 			api.EgressApprove.Serve(s, g.egressApprove),
 			api.EgressReject.Serve(s, g.egressReject),
+			api.EgressWhy.Serve(s, g.egressWhy),
 			api.Image.Serve(s, g.image),
 			api.Ports.Serve(s, g.ports),
 			api.SnapshotCreate.Serve(s, g.snapshotCreate),

@@ -143,4 +143,19 @@ func TestPlaceholderLeaks(t *testing.T) {
 			return e.Host == "api.anthropic.com" && e.Path == "/v1/messages" && e.Swapped && e.Decision == audit.Allow
 		})
 	})
+
+	// nexus-why in the guest lists the mitm's refusals too (read from the audit stream, which
+	// the cases above waited for), with the request and what would allow each.
+	t.Run("nexus-why", func(t *testing.T) {
+		out := mustSh(t, box, "nexus-why")
+		for _, want := range []string{"sandbox egress/leak (egress curated)", "POST /gists  refused [placeholder_leak]",
+			"refused [placeholder_cleartext]", "to allow: nothing: a credential placeholder goes only to the hosts its secret is bound to"} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("nexus-why lacks %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, own) {
+			t.Fatal("nexus-why shows a placeholder")
+		}
+	})
 }

@@ -160,6 +160,7 @@ func egressAskCommands() []*cobra.Command {
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				if !header && !jsonOutput(cmd) {
+					fmt.Fprintln(w, "GUEST PROCESS and GUEST REASON are reported by the guest, not verified")
 					fmt.Fprintln(tw, "ID\tSANDBOX\tHOST\tPORT\tFIRST SEEN\tCOUNT\tGUEST PROCESS\tGUEST REASON")
 					header = true
 				}

@@ -1,6 +1,7 @@
 package agentproto
 
 import (
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -8,12 +9,12 @@ import (
 )
 
 // nexus-why (issue 26): inside the guest, `nexus-why` (a name of the agent binary in
-// GuestBinDir) asks the sandbox's netstack why its connections were refused. The netstack serves
-// it on the gateway address (the nexus.dns resolver) at WhyPort, inside the sandbox's own network
-// stack: it answers from that sandbox's own recent decisions and forwards nothing, so it is no
-// path out of the sandbox.
+// GuestBinDir) asks why the sandbox's connections were refused. It dials host port WhyPort
+// through the agent's host-dial socket (HostDialSocket), so the call travels over the agent
+// channel; the host (vmm) serves it for the sandbox of that channel, whatever the guest says,
+// from the sandbox's audit events of every layer. It forwards nothing, so it is no path out.
 const (
-	// WhyPort is the gateway's TCP port of the nexus-why service (HTTP/1.1).
+	// WhyPort is the host port of nexus-why on the agent channel (one HTTP/1.0 exchange).
 	WhyPort = 4180
 	// WhyPath lists the recent denials (GET, a WhyReport); WhyRequestPath files a request
 	// (POST a WhyRequest, answered with a WhyAnswer).
@@ -39,6 +40,8 @@ type WhyDenial struct {
 	Host   string    `json:"host,omitempty"`
 	IP     string    `json:"ip,omitempty"`
 	Port   int       `json:"port,omitempty"`
+	Method string    `json:"method,omitempty"`
+	Path   string    `json:"path,omitempty"`
 	Rule   string    `json:"rule,omitempty"`
 	Reason string    `json:"reason"`
 	// Fix is what the sandbox's owner (or, in ask mode, a request) would do to allow it.
@@ -57,8 +60,13 @@ type WhyAnswer struct {
 	Message string `json:"message"`
 }
 
+// longHex is a run of hex digits as long as a credential placeholder (64) or longer.
+var longHex = regexp.MustCompile(`[0-9a-fA-F]{64,}`)
+
 // CleanGuestText bounds untrusted text from a guest to max bytes (whole runes) with control
-// characters and invalid UTF-8 dropped and spaces folded.
+// characters and invalid UTF-8 dropped, spaces folded, and anything shaped like a credential
+// placeholder (64 hex digits or more) replaced: guest text is shown, logged and audited, where
+// no placeholder may appear.
 func CleanGuestText(s string, max int) string {
 	s = strings.ToValidUTF8(s, "")
 	s = strings.Map(func(r rune) rune {
@@ -71,6 +79,7 @@ func CleanGuestText(s string, max int) string {
 		return r
 	}, s)
 	s = strings.Join(strings.Fields(s), " ")
+	s = longHex.ReplaceAllLiteralString(s, "[hex]")
 	for len(s) > max {
 		_, size := utf8.DecodeLastRuneInString(s)
 		s = s[:len(s)-size]

@@ -15,6 +15,10 @@ import (
 // pkg/audit does not depend on pkg/bus).
 const stream = "NEXUS_AUDIT"
 
+// oneShotInactive is how long the server keeps the consumer of a read without Follow once
+// nobody pulls from it.
+const oneShotInactive = 30 * time.Second
+
 // TailOptions selects events from the audit stream.
 type TailOptions struct {
 	Sandboxes []string  // sandbox ids; empty: all
@@ -31,6 +35,11 @@ func Tail(ctx context.Context, nc *nats.Conn, o TailOptions, fn func(Event) erro
 		return err
 	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if !o.Follow {
+		// A one-shot read's consumer goes away soon after it (nats.go deletes an ordered
+		// consumer only when it resets it), even for a reader that may not delete consumers.
+		cfg.InactiveThreshold = oneShotInactive
+	}
 	for _, id := range o.Sandboxes {
 		cfg.FilterSubjects = append(cfg.FilterSubjects, SandboxSubjects(id)...)
 	}

@@ -44,6 +44,7 @@ var contracts = []contract{
 // callersOf names the endpoints whose callers are not their contract's.
 var callersOf = map[string][]string{
 	credapi.Resolve.Subject(""): {bus.UserMITM},
+	gwapi.EgressWhy.Subject(""): {bus.UserVMM},
 }
 
 // TestEndpointsAreListed: every bus.Endpoint declared in a pkg/api package is in that

@@ -39,7 +39,7 @@ var permMatrix = []permCase{
 	{what: "write gitrelay audit events", subject: "nexus.audit.gitrelay.sb-1", body: `{}`, allowed: []string{bus.UserGitrelay}},
 	{what: "write legacy audit events", subject: "nexus.audit.egress.sb-1", body: `{}`},
 	{what: "write audit summaries of another service", subject: "nexus.audit.netstack.sb-1.suppressed", body: `{}`, allowed: []string{bus.UserNetstack}},
-	{what: "read the audit stream", subject: "$JS.API.CONSUMER.CREATE." + bus.StreamAudit, body: ephemeralConsumer, allowed: []string{bus.UserCLI}},
+	{what: "read the audit stream", subject: "$JS.API.CONSUMER.CREATE." + bus.StreamAudit, body: ephemeralConsumer, allowed: []string{bus.UserGateway, bus.UserCLI}},
 	{what: "get an audit message", subject: "$JS.API.STREAM.MSG.GET." + bus.StreamAudit, body: `{"seq":1}`, allowed: []string{bus.UserGateway, bus.UserCLI}},
 	{what: "subscribe to live audit events", subject: "nexus.audit.>", sub: true},
 	{what: "delete an audit reader", subject: "$JS.API.CONSUMER.DELETE." + bus.StreamAudit + ".victim", allowed: []string{bus.UserCLI}},

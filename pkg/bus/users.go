@@ -104,6 +104,7 @@ func permissions(user, host string) *server.Permissions {
 		return out
 	}
 	credResolve := CredAPI.Subject("", CredResolveVerb)
+	whySubject := GatewayAPI.Subject("", "egress.why")
 	switch user {
 	case UserAdmin:
 		return nil // all subjects
@@ -118,11 +119,14 @@ func permissions(user, host string) *server.Permissions {
 			// `nexus ps` and `egress show` look up each sandbox's last `suppressed` summary.
 			[]string{"$JS.API.STREAM.INFO." + StreamAudit, "$JS.API.STREAM.MSG.GET." + StreamAudit, "$JS.API.DIRECT.GET." + StreamAudit + ".>"}),
 			[]string{GatewayAPI.All(), EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
+		// nexus-why reads a sandbox's recent refusals (its one-shot consumers go away on their own).
+		perm.Publish.Allow = append(perm.Publish.Allow, streamRead(StreamAudit)...)
 		perm.Publish.Deny = []string{credResolve}
 		return perm
 	case UserVMM:
 		// It heartbeats its own host's capacity, and no other host's (hosts.go).
-		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>",
+		// It forwards its guests' nexus-why to the gateway, naming the sandbox itself.
+		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>", whySubject,
 			"$JS.API.STREAM.INFO.KV_" + KVHosts, "$KV." + KVHosts + "." + host},
 			[]string{VMMAPI.OnHost(host), StreamPrefix + ".*.in", "$SRV.>"})
 	case UserNetstack:
@@ -144,12 +148,15 @@ func permissions(user, host string) *server.Permissions {
 			[]string{PortfwdAPI.OnHost(host), EventsPrefix + ".>", "$SRV.>"})
 	case UserCLI:
 		// The operator's reader of the audit stream (`nexus audit tail`, the MCP audit tool),
-		// which also removes the consumers it made there.
-		return p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"},
+		// which also removes the consumers it made there. nexus-why is the vmm's to call: the
+		// sandbox it names is the one whose channel the call came over.
+		perm := p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"},
 			kvWrite(KVLeases), streamRead(StreamAudit),
 			// `nexus hosts` reads the heartbeats; `nexus hosts drain` writes drain.<host>.
 			kvList(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
+		perm.Publish.Deny = []string{whySubject}
+		return perm
 	}
 	// Unknown users get nothing at all.
 	return p([]string{}, []string{})

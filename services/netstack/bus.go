@@ -128,6 +128,9 @@ func (s *Service) Run(ctx context.Context) error {
 			netapi.Show.Serve(s, func(ctx context.Context, r netapi.ShowRequest) (netapi.Info, error) {
 				return svc.Show(r.SandboxID)
 			}),
+			netapi.Why.Serve(s, func(ctx context.Context, r netapi.WhyRequest) (netapi.WhyReply, error) {
+				return svc.Why(r.SandboxID, r)
+			}),
 		} {
 			if err != nil {
 				return err

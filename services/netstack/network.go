@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"sync"
@@ -65,8 +64,6 @@ type network struct {
 	dnsUDP *orderedConn
 	dnsSrv []*dns.Server
 	dhcp   *dhcp.Server
-	whySrv *http.Server // nexus-why (why.go)
-	why    whyLog
 
 	held     askHeld               // DNS queries and connections held for approval (ask.go)
 	holds    map[*askWait]struct{} // the holds, woken by setPolicy (guarded by polMu)
@@ -212,9 +209,6 @@ func (n *network) buildStack(guestMAC string) error {
 	n.udpFwd = udp.NewForwarder(st, n.handleUDPFlow)
 	st.SetTransportProtocolHandler(udp.ProtocolNumber, n.handleUDP)
 
-	if err := n.startWhy(); err != nil {
-		return err
-	}
 	if err := n.startDNS(); err != nil {
 		return err
 	}
@@ -354,9 +348,6 @@ func (n *network) close() {
 	for _, srv := range n.dnsSrv {
 		_ = srv.Shutdown()
 	}
-	if n.whySrv != nil {
-		_ = n.whySrv.Close()
-	}
 	if n.dhcp != nil {
 		_ = n.dhcp.Underlying.Close()
 	}
@@ -418,7 +409,6 @@ func (n *network) emit(ev audit.Event) {
 	} else {
 		n.denied.Add(1)
 	}
-	n.noteRefusal(ev)
 	n.svc.cfg.Audit.Emit(n.ctx, ev)
 	n.log.Debug().Str("layer", ev.Layer).Str("proto", ev.Proto).Str("host", ev.Host).Str("ip", ev.IP).
 		Int("port", ev.Port).Str("decision", ev.Decision).Str("rule", ev.Rule).Str("reason", ev.Reason).Msg("egress decision")

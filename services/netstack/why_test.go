@@ -1,10 +1,7 @@
 package netstack_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -14,45 +11,25 @@ import (
 	"github.com/IniZio/nexus/pkg/agentproto"
 	netstackapi "github.com/IniZio/nexus/pkg/api/netstack"
 	"github.com/IniZio/nexus/pkg/audit"
-	"github.com/IniZio/nexus/services/netstack"
 )
 
-// whyClient talks to the network's nexus-why service from inside the guest.
-func (e *env) whyClient() *http.Client {
-	gw := netip.AddrPortFrom(netip.MustParseAddr(netstack.GatewayIP), agentproto.WhyPort)
-	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return e.guest.DialTCP(ctx, gw)
-		},
-	}}
-}
-
-func (e *env) whyReport(t *testing.T) agentproto.WhyReport {
+// whyReport asks the network what would allow denials, as the gateway does for nexus-why.
+func (e *env) whyReport(t *testing.T, denials []audit.Event) agentproto.WhyReport {
 	t.Helper()
-	resp, err := e.whyClient().Get("http://nexus-why" + agentproto.WhyPath)
-	if err != nil {
-		t.Fatal(err)
+	r, err := e.svc.Why(sandboxID, netstackapi.WhyRequest{SandboxID: sandboxID, Denials: denials})
+	if err != nil || r.Status != http.StatusOK || r.Report == nil {
+		t.Fatalf("nexus-why: %+v %v", r, err)
 	}
-	defer resp.Body.Close()
-	var rep agentproto.WhyReport
-	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("nexus-why: %d %v", resp.StatusCode, err)
-	}
-	return rep
+	return *r.Report
 }
 
 func (e *env) whyRequest(t *testing.T, req agentproto.WhyRequest) (int, string) {
 	t.Helper()
-	b, _ := json.Marshal(req)
-	resp, err := e.whyClient().Post("http://nexus-why"+agentproto.WhyRequestPath, "application/json", bytes.NewReader(b))
+	r, err := e.svc.Why(sandboxID, netstackapi.WhyRequest{SandboxID: sandboxID, Request: &req})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var a agentproto.WhyAnswer
-	_ = json.NewDecoder(resp.Body).Decode(&a)
-	return resp.StatusCode, a.Message
+	return r.Status, r.Message
 }
 
 func findDenial(rep agentproto.WhyReport, host string, port int) (agentproto.WhyDenial, bool) {
@@ -64,8 +41,9 @@ func findDenial(rep agentproto.WhyReport, host string, port int) (agentproto.Why
 	return agentproto.WhyDenial{}, false
 }
 
-// nexus-why, served on the gateway inside the sandbox's own network, lists that network's
-// refusals with the command that would allow each; a request is filed only in ask mode.
+// nexus-why lists the refusals it is given (the gateway reads them from the audit stream, every
+// layer) with what would allow each under the network's live policy; a request is filed only in
+// ask mode.
 func TestWhyListsRefusals(t *testing.T) {
 	e := newEnv(t, curated(t))
 	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
@@ -78,7 +56,17 @@ func TestWhyListsRefusals(t *testing.T) {
 		t.Fatal("api.test:9999 connected")
 	}
 	e.log.waitEvent(t, audit.Event{Layer: "l4", Host: "api.test", Port: 9999, Decision: "deny"})
-	rep := e.whyReport(t)
+	var denials []audit.Event
+	for _, ev := range e.log.all() {
+		if ev.Decision == audit.Deny {
+			denials = append(denials, ev)
+		}
+	}
+	// The mitm's refusals are in the audit stream too.
+	denials = append(denials,
+		audit.Event{Layer: audit.LayerHTTP, Host: "api.test", Port: 443, Method: "POST", Path: "/admin", Decision: audit.Deny, Rule: "policy_path", Reason: "POST /admin is not allowed"},
+		audit.Event{Layer: audit.LayerHTTP, Host: "other.test", Port: 443, Decision: audit.Deny, Rule: "placeholder_leak", Reason: "a placeholder was sent"})
+	rep := e.whyReport(t, denials)
 	if rep.Sandbox != "default/test" || rep.Mode != netstackapi.ModeCurated || rep.Ask {
 		t.Fatalf("report %+v", rep)
 	}
@@ -87,6 +75,20 @@ func TestWhyListsRefusals(t *testing.T) {
 	}
 	if d, ok := findDenial(rep, "api.test", 9999); !ok || !strings.Contains(d.Fix, "nexus egress allow default/test api.test:9999`") || strings.Contains(d.Fix, "nexus-why request") {
 		t.Fatalf("the refused connection: %+v in %+v", d, rep.Denials)
+	}
+	if d, ok := findDenial(rep, "api.test", 443); !ok || d.Method != "POST" || d.Path != "/admin" || !strings.Contains(d.Fix, "egress.policy") || strings.Contains(d.Fix, "egress allow") {
+		t.Fatalf("the refused request: %+v in %+v", d, rep.Denials)
+	}
+	if d, ok := findDenial(rep, "other.test", 443); !ok || !strings.HasPrefix(d.Fix, "nothing:") {
+		t.Fatalf("the placeholder leak: %+v in %+v", d, rep.Denials)
+	}
+	// At most MaxWhyDenials, the newest.
+	many := make([]audit.Event, 50)
+	for i := range many {
+		many[i] = audit.Event{Layer: "l4", Host: "api.test", Port: 1000 + i, Decision: audit.Deny}
+	}
+	if rep := e.whyReport(t, many); len(rep.Denials) != netstackapi.MaxWhyDenials || rep.Denials[len(rep.Denials)-1].Port != 1049 {
+		t.Fatalf("%d denials, the last %+v", len(rep.Denials), rep.Denials[len(rep.Denials)-1])
 	}
 	if code, msg := e.whyRequest(t, agentproto.WhyRequest{Host: "nope.test"}); code != http.StatusConflict || !strings.Contains(msg, "not in ask mode") {
 		t.Fatalf("a request off ask mode: %d %q", code, msg)
@@ -99,7 +101,7 @@ func TestWhyListsRefusals(t *testing.T) {
 }
 
 // In ask mode a request is reported with its reason bounded and cleaned; an allowed host is
-// not asked for; calls past the budget are refused.
+// not asked for.
 func TestWhyRequestAskMode(t *testing.T) {
 	e := newEnv(t, netstackapi.Policy{Mode: netstackapi.ModeCurated, Allow: rules(t, "api.test:8080"), Ask: true})
 	reason := "need\x1b[31m the\u202e SDK\ndocs " + strings.Repeat("x", 400)
@@ -113,19 +115,7 @@ func TestWhyRequestAskMode(t *testing.T) {
 	if code, msg := e.whyRequest(t, agentproto.WhyRequest{Host: "api.test", Port: 8080}); code != http.StatusOK || !strings.Contains(msg, "allowed already") {
 		t.Fatalf("a request for an allowed host: %d %q", code, msg)
 	}
-	limited := false
-	for range 20 {
-		resp, err := e.whyClient().Get("http://nexus-why" + agentproto.WhyPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusTooManyRequests {
-			limited = true
-			break
-		}
-	}
-	if !limited {
-		t.Fatal("20 calls in a row were all answered")
+	if code, _ := e.whyRequest(t, agentproto.WhyRequest{Host: "bad host!"}); code != http.StatusBadRequest {
+		t.Fatalf("a bad host: %d", code)
 	}
 }

@@ -37,6 +37,20 @@ type EgressRequest struct {
 	// Cmdline is the guest process that asked (pid and command line, from the guest agent):
 	// reported by the guest, bounded and stripped of control characters.
 	Cmdline string `json:"cmdline,omitempty"`
+	// GuestReported labels Reason and Cmdline, when there are any, as GuestReportedNote.
+	GuestReported string `json:"guest_reported,omitempty"`
+}
+
+// GuestReportedNote is what labels guest-supplied text wherever a request is shown.
+const GuestReportedNote = "reason and cmdline are reported by the guest, not verified"
+
+// Labelled returns r with GuestReported set when it carries guest-supplied text.
+func (r EgressRequest) Labelled() EgressRequest {
+	r.GuestReported = ""
+	if r.Reason != "" || r.Cmdline != "" {
+		r.GuestReported = GuestReportedNote
+	}
+	return r
 }
 
 // EgressAnswerRequest approves or rejects a pending request by ID.

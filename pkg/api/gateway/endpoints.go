@@ -59,6 +59,7 @@ var Endpoints = []bus.Route{
 	DelegateCreate, DelegateDispatch, DelegatePoll, DelegateTeardown, // delegate.go
 	Stats,                                                                                           // stats.go
 	EgressAllow, EgressRevoke, EgressDeny, EgressApply, EgressRequests, EgressApprove, EgressReject, // egress_live.go
+	EgressWhy, // why.go
 }
 
 // PortsRequest names one sandbox, or none for all of them.

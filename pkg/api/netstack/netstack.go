@@ -23,7 +23,7 @@ var (
 )
 
 // Endpoints lists every endpoint of the contract (the bus tests check their permissions).
-var Endpoints = []bus.Route{Create, Update, Remove, Show}
+var Endpoints = []bus.Route{Create, Update, Remove, Show, Why}
 
 // Empty is the response of endpoints that return nothing.
 type Empty = struct{}
@@ -99,6 +99,9 @@ func PendingKey(host string, port int) string {
 // nexus.events.egress.request.<sandbox id>.
 const RequestSubjectPrefix = "nexus.events.egress.request"
 
+// GuestReportedNote labels the guest-supplied text of an EgressRequest.
+const GuestReportedNote = "reason reported by the guest, not verified"
+
 // EgressRequest is one held query (or connection) of an ask-mode sandbox.
 type EgressRequest struct {
 	SandboxID   string `json:"sandbox_id"`
@@ -108,6 +111,8 @@ type EgressRequest struct {
 	// Reason is what the guest said it needs the host for (nexus-why request), reported by the
 	// guest: bounded and stripped of control characters.
 	Reason string `json:"reason,omitempty"`
+	// GuestReported labels Reason, when there is one, as GuestReportedNote.
+	GuestReported string `json:"guest_reported,omitempty"`
 	// Proto and SrcPort are the guest socket that asked (tcp or udp, its local port), for the
 	// gateway to ask the guest agent which process holds it; zero when filed by nexus-why.
 	Proto   string    `json:"proto,omitempty"`

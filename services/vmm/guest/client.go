@@ -51,6 +51,7 @@ type Client struct {
 
 	mu       sync.Mutex
 	hostDial func(ctx context.Context, port int) (net.Conn, error)
+	local    map[int]func(net.Conn) // host ports served in this process (ServeLocal)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -196,6 +197,17 @@ func (c *Client) Close() error {
 
 // Done is closed when the session ends (agent gone, connection lost or Close).
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// ServeLocal serves the guest's dial-host streams to host port port in this process: serve is
+// given each one (and closes it) instead of a connection to a host service.
+func (c *Client) ServeLocal(port int, serve func(net.Conn)) {
+	c.mu.Lock()
+	if c.local == nil {
+		c.local = map[int]func(net.Conn){}
+	}
+	c.local[port] = serve
+	c.mu.Unlock()
+}
 
 // SetHostDial replaces the handler of guest dial-host streams.
 func (c *Client) SetHostDial(fn func(ctx context.Context, port int) (net.Conn, error)) {
@@ -375,8 +387,15 @@ func (c *Client) serveHostDial(st *yamux.Stream) {
 		return
 	}
 	c.mu.Lock()
-	dial := c.hostDial
+	dial, local := c.hostDial, c.local[req.Port]
 	c.mu.Unlock()
+	if local != nil {
+		dial = func(context.Context, int) (net.Conn, error) {
+			here, there := net.Pipe()
+			go local(there)
+			return here, nil
+		}
+	}
 	if dial == nil {
 		agentproto.WriteMessage(st, agentproto.ErrorResponse(errdefs.Refused("dial-host: host port %d is not exposed", req.Port)))
 		st.Close()

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,20 +13,18 @@ import (
 	"time"
 
 	"github.com/IniZio/nexus/pkg/agentproto"
-	"github.com/IniZio/nexus/services/vmm/agent"
 )
 
 const whyUsage = `usage: nexus-why [--json]                        why this sandbox's recent connections were refused
        nexus-why request HOST[:PORT] [REASON...]   ask the sandbox's owner for a host (ask mode)
 `
 
-// maxWhyResponse bounds what nexus-why reads from the netstack.
+// maxWhyResponse bounds what nexus-why reads from the host.
 const maxWhyResponse = 256 << 10
 
 // why is `nexus-why` (the agent binary under that name, or `nexus-agent why`): it asks the
-// sandbox's netstack, on the gateway at agentproto.WhyPort, for this sandbox's own recent
-// refusals, or files a request. It uses a plain HTTP/1.0 exchange so the agent carries no HTTP
-// stack.
+// host, over the agent channel, for this sandbox's own recent refusals, or files a request. It
+// uses a plain HTTP/1.0 exchange so the agent carries no HTTP stack.
 func why(args []string) int {
 	asJSON := false
 	if len(args) > 0 && (args[0] == "--json" || args[0] == "-json") {
@@ -69,7 +66,7 @@ func why(args []string) int {
 	if status >= 300 || len(args) > 0 {
 		var a agentproto.WhyAnswer
 		if json.Unmarshal(body, &a) != nil || a.Message == "" {
-			a.Message = fmt.Sprintf("the netstack answered %d", status)
+			a.Message = fmt.Sprintf("the host answered %d", status)
 		}
 		if status >= 300 {
 			fmt.Fprintf(os.Stderr, "nexus-why: %s\n", a.Message)
@@ -107,6 +104,9 @@ func printWhy(w io.Writer, rep agentproto.WhyReport) {
 		if d.Port != 0 {
 			what += " port " + strconv.Itoa(d.Port)
 		}
+		if d.Method != "" {
+			what += " " + d.Method + " " + d.Path
+		}
 		rule := d.Rule
 		if rule == "" {
 			rule = "default deny"
@@ -115,20 +115,12 @@ func printWhy(w io.Writer, rep agentproto.WhyReport) {
 	}
 }
 
-// whyCall does one HTTP/1.0 exchange with the nexus-why service on the guest's gateway.
+// whyCall does one HTTP/1.0 exchange with nexus-why on the host: through the agent's host-dial
+// socket to host port agentproto.WhyPort, which the vmm serves for this sandbox alone.
 func whyCall(method, path string, body []byte) (int, []byte, error) {
-	raw, err := os.ReadFile("/proc/cmdline")
+	c, err := dialHostPort(agentproto.WhyPort)
 	if err != nil {
-		return 0, nil, err
-	}
-	cl := agent.ParseCmdline(string(raw))
-	gw := cl.Get(agentproto.CmdlineDNS)
-	if gw == "" {
-		return 0, nil, errors.New("this sandbox has no network (egress none): nothing leaves it")
-	}
-	c, err := net.DialTimeout("tcp", net.JoinHostPort(gw, strconv.Itoa(agentproto.WhyPort)), 3*time.Second)
-	if err != nil {
-		return 0, nil, fmt.Errorf("the sandbox's netstack does not answer: %w", err)
+		return 0, nil, fmt.Errorf("the host does not answer: %w", err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
