@@ -3,6 +3,7 @@ package egress_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -38,11 +39,15 @@ func serveStream(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-// TestAllowAllExpiryCutsOpenConnections: a TCP stream opened during an allow-all window ends
-// when the window does, and the cut is audited as allow_all_expired.
-func TestAllowAllExpiryCutsOpenConnections(t *testing.T) {
-	const box = "egress/expiry"
-	create(t, box, "nexus-mini", "--egress", "allow-all=60s") // room for a slow create
+// TestAllowAll: allow-all lets anything out (no MITM) until its expiry, then the sandbox is
+// default-deny, and a TCP stream opened during the window ends when the window does, the cut
+// audited as allow_all_expired. (One sandbox and one window for both: the window is most of
+// the test's time.)
+func TestAllowAll(t *testing.T) {
+	const box = "egress/open"
+	const window = 45 * time.Second // room for a slow create on a loaded machine before the window closes
+	start := time.Now()
+	create(t, box, "nexus-mini", "--egress", "allow-all=45s")
 	var view api.EgressView
 	if err := json.Unmarshal([]byte(stack.MustNexus(t, "egress", "show", box, "--json")), &view); err != nil {
 		t.Fatalf("egress show --json: %v", err)
@@ -50,6 +55,7 @@ func TestAllowAllExpiryCutsOpenConnections(t *testing.T) {
 	until := view.Egress.AllowAllUntil
 	ip := resolveMini(t, box, plainHost)
 
+	// A stream opened while the window is open, which only a closed connection ends.
 	type result struct {
 		out, errOut string
 		code        int
@@ -60,7 +66,6 @@ func TestAllowAllExpiryCutsOpenConnections(t *testing.T) {
 		out, errOut, code := sh(t, box, `printf 'GET /stream HTTP/1.0\r\nHost: example.test\r\n\r\n' | nc `+ip+` 8123 > /tmp/stream; wc -l < /tmp/stream`)
 		done <- result{out, errOut, code, time.Now()}
 	}()
-	// The stream flows while the window is open.
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		if openStreams.Load() == 0 {
 			return errors.New("the stream did not reach the upstream")
@@ -70,6 +75,25 @@ func TestAllowAllExpiryCutsOpenConnections(t *testing.T) {
 	if time.Now().After(until) {
 		t.Fatalf("the stream started after the window closed at %s: the host is too slow for this test", until)
 	}
+
+	installProbe(t, box)
+	show := stack.MustNexus(t, "egress", "show", box)
+	if !strings.Contains(show, "mode:     allow-all") || !strings.Contains(show, "(active)") {
+		t.Fatalf("egress show:\n%s", show)
+	}
+	// Any port, any name, UDP too.
+	out := mustSh(t, box, `printf 'GET /open HTTP/1.0\r\nHost: example.test\r\n\r\n' | nc -w 5 `+ip+` 8123`)
+	if !strings.Contains(out, "hello from fake example.test") {
+		t.Fatalf("allow-all tcp: %q", out)
+	}
+	if out := mustSh(t, box, "probe udp "+ip+":5999 udp-open"); !strings.Contains(out, "pong udp-open") || !udpSeen.got("udp-open") {
+		t.Fatalf("allow-all udp: %q", out)
+	}
+	waitEvent(t, box, false, "allow-all tcp", func(e audit.Event) bool {
+		return e.Layer == audit.LayerL4 && e.Proto == "tcp" && e.Port == 8123 && e.Rule == "allow-all" && e.Decision == audit.Allow
+	})
+
+	// Then it expires: the open stream is cut, and new connections are refused, not early.
 	var res result
 	testutil.WaitFor(t, time.Until(until)+60*time.Second, func() error {
 		select {
@@ -96,4 +120,35 @@ func TestAllowAllExpiryCutsOpenConnections(t *testing.T) {
 		return nil
 	})
 	t.Logf("stream of %d lines closed %.2fs after the window ended (guest saw the end %.2fs after)", lines, ev.Time.Sub(until).Seconds(), res.at.Sub(until).Seconds())
+
+	var expiredAt time.Time
+	err := testutil.Poll(2*window, func() error {
+		if _, _, code := sh(t, box, `printf 'GET /open-poll HTTP/1.0\r\n\r\n' | nc -w 3 `+ip+` 8123`); code == 0 {
+			return fmt.Errorf("still open")
+		}
+		expiredAt = time.Now()
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("allow-all did not expire within %s of its start", 2*window)
+	}
+	if expiredAt.Sub(start) < window {
+		t.Fatalf("allow-all ended after %s, before its %s window", expiredAt.Sub(start), window)
+	}
+	t.Logf("allow-all=45s refused connections %.1fs after create began", expiredAt.Sub(start).Seconds())
+	if _, _, code := sh(t, box, "nslookup example.test"); code == 0 {
+		t.Error("after expiry a name still resolves")
+	}
+	if out, _, code := sh(t, box, "probe udp "+ip+":5999 udp-late"); code == 0 || udpSeen.got("udp-late") {
+		t.Errorf("after expiry udp still passes: %q", out)
+	}
+	ev = waitEvent(t, box, true, "denial after expiry", func(e audit.Event) bool {
+		return e.Layer == audit.LayerL4 && e.Proto == "tcp" && e.Port == 8123 && e.Rule != "allow_all_expired"
+	})
+	if ev.Host != "example.test" || !strings.HasPrefix(ev.Reason, "port 8123 is not allowed for example.test") {
+		t.Errorf("after expiry: %+v", ev)
+	}
+	if show := stack.MustNexus(t, "egress", "show", box); !strings.Contains(show, "expired: default-deny") {
+		t.Errorf("egress show after expiry:\n%s", show)
+	}
 }
