@@ -22,7 +22,8 @@ func TestGuestFloodIsLimited(t *testing.T) {
 	// Its DNS budget (200 queries/s by default) raised far above what a guest can send, so that
 	// every query reaches the audit limits this test is about.
 	create(t, flooder, "nexus-mini", "--allow-host", "example.test:7000", "--dns-rate", "1000000")
-	create(t, quiet, "nexus-mini", "--allow-host", "example.test:7000")
+	create(t, quiet, "nexus-mini", "--allow-host", "example.test:7000", "--allow-host", "example.test:8123")
+	t.Run("file modes after create", func(t *testing.T) { checkFileModes(t, quiet) })
 	installProbe(t, flooder)
 	ip := resolveMini(t, quiet, "example.test")
 	dns := strings.TrimSpace(mustSh(t, flooder, `awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf`))
@@ -100,13 +101,14 @@ func TestGuestFloodIsLimited(t *testing.T) {
 	if show := stack.MustNexus(t, "egress", "show", flooder); !strings.Contains(show, "audit:    limited") {
 		t.Errorf("egress show does not flag the flooder:\n%s", show)
 	}
+	// The quiet sandbox is the neighbour of a flooder held to its budgets (one boot fewer).
+	t.Run("budgets", func(t *testing.T) { testEgressBudgets(t, quiet) })
 }
 
-// TestFileModesAfterCreate: after a create nothing nexus wrote in $NEXUS_HOME or /dev/shm is
-// readable or writable by group or others: records, secrets, sockets, guest RAM.
-func TestFileModesAfterCreate(t *testing.T) {
-	const box = "egress/modes"
-	create(t, box, "nexus-mini", "--allow-host", "example.test:7000")
+// checkFileModes (run by TestGuestFloodIsLimited just after its creates): after a create
+// nothing nexus wrote in $NEXUS_HOME or /dev/shm is readable or writable by group or others:
+// records, secrets, sockets, guest RAM.
+func checkFileModes(t *testing.T, box string) {
 	id := sandboxID(t, box)
 	var bad []string
 	check := func(p string, fi fs.FileInfo) {

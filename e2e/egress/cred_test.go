@@ -190,14 +190,18 @@ func TestCredentialSwap(t *testing.T) {
 		anth := randomToken("sk-ant-real_")
 		setSecret(t, "ANTHROPIC_API_KEY", anth)
 		const box2 = "egress/cred2"
-		create(t, box2, "nexus-base", "--repo", "owner/repo", "--secret", "ANTHROPIC_API_KEY@api.anthropic.com")
+		// A nexus-mini guest (the probe speaks TLS with the guest's CA): the image is not what
+		// rotation is about, and it boots faster than nexus-base.
+		create(t, box2, "nexus-mini", "--repo", "owner/repo", "--secret", "ANTHROPIC_API_KEY@api.anthropic.com")
+		installProbe(t, box2)
 		env2 := placeholders(t, box2, "GH_TOKEN", "ANTHROPIC_AUTH_TOKEN", "NEXUS_CRED_API_ANTHROPIC_COM_TOKEN", "NEXUS_CRED_API_ANTHROPIC_COM_EXPIRES_AT")
 		if env2["GH_TOKEN"] == old {
 			t.Fatal("the new sandbox got the old placeholder")
 		}
-		curl(t, box2, `-H "Authorization: Bearer $GH_TOKEN" https://api.github.com/user?case=rot-new`)
+		ghIP, anthIP := resolveMini(t, box2, "api.github.com"), resolveMini(t, box2, "api.anthropic.com")
+		probeHTTP(t, box2, ghIP, "GET", "https://api.github.com/user?case=rot-new", "-", "Authorization: Bearer {raw:GH_TOKEN}")
 		curl(t, box, `-H "Authorization: Bearer $GH_TOKEN" https://api.github.com/user?case=rot-old`)
-		curl(t, box2, `-H "Authorization: Bearer $ANTHROPIC_AUTH_TOKEN" https://api.anthropic.com/v1/messages?case=anth`)
+		probeHTTP(t, box2, anthIP, "GET", "https://api.anthropic.com/v1/messages?case=anth", "-", "Authorization: Bearer {raw:ANTHROPIC_AUTH_TOKEN}")
 		for _, c := range []struct{ host, path, want string }{
 			{"api.github.com", "/user?case=rot-new", real2},
 			{"api.github.com", "/user?case=rot-old", real1},
@@ -209,7 +213,7 @@ func TestCredentialSwap(t *testing.T) {
 			}
 		}
 		// One sandbox's placeholder is worth nothing in another.
-		curl(t, box2, `-H "Authorization: Bearer `+old+`" https://api.github.com/user?case=foreign`)
+		probeHTTP(t, box2, ghIP, "GET", "https://api.github.com/user?case=foreign", "-", "Authorization: Bearer "+old)
 		if got := upstreams["api.github.com"].find("/user?case=foreign"); len(got) == 1 && got[0].Auth != "Bearer "+old {
 			t.Errorf("a foreign placeholder was swapped: %+v", got)
 		}

@@ -3,6 +3,7 @@ package egress_test
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,9 +18,16 @@ func TestRestartKeepsPerimeter(t *testing.T) {
 	real := randomToken("keep_real_")
 	setSecret(t, "KEEP_TOKEN", real)
 	const box, open = "egress/keep", "egress/keep-open"
-	create(t, box, "nexus-base", "--secret", "KEEP_TOKEN@api.github.com")
+	create(t, box, "nexus-mini", "--secret", "KEEP_TOKEN@api.github.com")
 	create(t, open, "nexus-mini", "--egress", "allow-all=10m")
+	installProbe(t, box)
 	placeholders(t, box, "KEEP_TOKEN", "NEXUS_CRED_API_GITHUB_COM_TOKEN")
+	ghIP := resolveMini(t, box, "api.github.com")
+	// swap sends the placeholder to api.github.com (the probe fills it in inside the guest).
+	swap := func(c string) (string, int) {
+		out, errOut, code := sh(t, box, "probe http "+ghIP+" GET 'https://api.github.com/keep?case="+c+"' - 'Authorization: Bearer {raw:KEEP_TOKEN}'")
+		return out + errOut, code
+	}
 	show := func() api.EgressView {
 		var v api.EgressView
 		if err := json.Unmarshal([]byte(stack.MustNexus(t, "egress", "show", open, "--json")), &v); err != nil {
@@ -28,8 +36,8 @@ func TestRestartKeepsPerimeter(t *testing.T) {
 		return v
 	}
 	before := show()
-	if r := curl(t, box, `-H "Authorization: Bearer $KEEP_TOKEN" https://api.github.com/keep?case=before`); r.status != "200" {
-		t.Fatalf("before restart: %+v", r)
+	if out, code := swap("before"); code != 0 || !strings.Contains(out, "status 200") {
+		t.Fatalf("before restart: exit %d %q", code, out)
 	}
 
 	start := time.Now()
@@ -42,9 +50,8 @@ func TestRestartKeepsPerimeter(t *testing.T) {
 	t.Logf("stack restarted in %.1fs", time.Since(start).Seconds())
 
 	err := testutil.Poll(60*time.Second, func() error {
-		r := curl(t, box, `-H "Authorization: Bearer $KEEP_TOKEN" https://api.github.com/keep?case=after`)
-		if r.status != "200" {
-			return fmt.Errorf("curl after restart: %+v", r)
+		if out, code := swap("after"); code != 0 || !strings.Contains(out, "status 200") {
+			return fmt.Errorf("after restart: exit %d %q", code, out)
 		}
 		return nil
 	})
