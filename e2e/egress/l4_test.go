@@ -85,7 +85,7 @@ func TestCuratedL4(t *testing.T) {
 			reason: "port 7001 is not allowed for example.test",
 		},
 		{
-			what: "dns over udp to 8.8.8.8", script: "timeout 10 nslookup api.anthropic.com 8.8.8.8",
+			what: "dns over udp to 8.8.8.8", script: "timeout 4 nslookup api.anthropic.com 8.8.8.8",
 			match: func(e audit.Event) bool {
 				return e.Layer == audit.LayerDNS && e.Proto == "udp" && e.IP == "8.8.8.8" && e.Port == 53
 			},

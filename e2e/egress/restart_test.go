@@ -11,10 +11,12 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 )
 
-// TestRestartKeepsPerimeter kills the whole stack (-9) and restarts it: running guests keep their
-// network, their placeholders still resolve to the same real value, and an allow-all expiry is
-// not reset.
-func TestRestartKeepsPerimeter(t *testing.T) {
+// keepAcrossRestart sets up what a kill (-9) and restart of the whole stack must keep, and
+// returns the check to run after it: running guests keep their network, their placeholders
+// still resolve to the same real value, and an allow-all expiry is not reset. TestAskMode,
+// which restarts the stack anyway, runs it (one restart for both).
+func keepAcrossRestart(t *testing.T) (after func()) {
+	t.Helper()
 	real := randomToken("keep_real_")
 	setSecret(t, "KEEP_TOKEN", real)
 	const box, open = "egress/keep", "egress/keep-open"
@@ -39,32 +41,26 @@ func TestRestartKeepsPerimeter(t *testing.T) {
 	if out, code := swap("before"); code != 0 || !strings.Contains(out, "status 200") {
 		t.Fatalf("before restart: exit %d %q", code, out)
 	}
-
-	start := time.Now()
-	// Restart starts a new log; keep this one for the leak scan.
-	earlierLogs.WriteString(stack.Log())
-	stack.Kill()
-	if err := stack.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("stack restarted in %.1fs", time.Since(start).Seconds())
-
-	err := testutil.Poll(60*time.Second, func() error {
-		if out, code := swap("after"); code != 0 || !strings.Contains(out, "status 200") {
-			return fmt.Errorf("after restart: exit %d %q", code, out)
+	return func() {
+		t.Helper()
+		start := time.Now()
+		err := testutil.Poll(60*time.Second, func() error {
+			if out, code := swap("after"); code != 0 || !strings.Contains(out, "status 200") {
+				return fmt.Errorf("after restart: exit %d %q", code, out)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := upstreams["api.github.com"].find("/keep?case=after"); len(got) == 0 || got[len(got)-1].Auth != "Bearer "+real {
-		t.Fatalf("after restart the upstream saw %+v", got)
-	}
-	t.Logf("swap works again %.1fs after the kill", time.Since(start).Seconds())
-	after := show()
-	if !after.Egress.AllowAllUntil.Equal(before.Egress.AllowAllUntil) || after.Network == nil ||
-		!after.Network.Expiry.Equal(before.Egress.AllowAllUntil) || after.Network.EffectiveMode != "allow-all" {
-		t.Fatalf("allow-all after restart: record %v network %+v; before %v", after.Egress.AllowAllUntil, after.Network, before.Egress.AllowAllUntil)
+		if got := upstreams["api.github.com"].find("/keep?case=after"); len(got) == 0 || got[len(got)-1].Auth != "Bearer "+real {
+			t.Fatalf("after restart the upstream saw %+v", got)
+		}
+		t.Logf("swap works again %.1fs after the restart", time.Since(start).Seconds())
+		after := show()
+		if !after.Egress.AllowAllUntil.Equal(before.Egress.AllowAllUntil) || after.Network == nil ||
+			!after.Network.Expiry.Equal(before.Egress.AllowAllUntil) || after.Network.EffectiveMode != "allow-all" {
+			t.Fatalf("allow-all after restart: record %v network %+v; before %v", after.Egress.AllowAllUntil, after.Network, before.Egress.AllowAllUntil)
+		}
 	}
 }
