@@ -92,6 +92,11 @@ func TestAllowAll(t *testing.T) {
 	waitEvent(t, box, false, "allow-all tcp", func(e audit.Event) bool {
 		return e.Layer == audit.LayerL4 && e.Proto == "tcp" && e.Port == 8123 && e.Rule == "allow-all" && e.Decision == audit.Allow
 	})
+	// Open internet, but never the LAN or the metadata service (private_test.go).
+	t.Run("private addresses", func(t *testing.T) { privateRefusedInAllowAll(t, box) })
+	if time.Now().After(until) {
+		t.Fatalf("the window closed at %s before its checks ended: the host is too slow for this test", until)
+	}
 
 	// Then it expires: the open stream is cut, and new connections are refused, not early.
 	var res result
