@@ -24,16 +24,9 @@ const (
 // from the audit stream, with what would allow each, or a request for a host, both judged by
 // the sandbox's netstack under its live policy.
 func (g *Service) egressWhy(ctx context.Context, r api.EgressWhyRequest) (netapi.WhyReply, error) {
-	name, err := api.ParseName(r.Name)
+	sb, err := g.sandboxByID(ctx, r.SandboxID)
 	if err != nil {
 		return netapi.WhyReply{}, err
-	}
-	sb, err := g.reg.Get(ctx, name)
-	if err != nil {
-		return netapi.WhyReply{}, err
-	}
-	if sb.ID != r.SandboxID {
-		return netapi.WhyReply{}, errdefs.NotFound("sandbox %s is not %s", sb.Name, clipArg(r.SandboxID))
 	}
 	if sb.Egress.Mode == api.EgressNone {
 		if r.Request != nil {
@@ -71,4 +64,19 @@ func (g *Service) recentDenials(ctx context.Context, id string) []audit.Event {
 		g.log.Warn().Err(err).Str("sandbox", id).Msg("nexus-why: the audit stream was not read")
 	}
 	return ring
+}
+
+// sandboxByID returns the record of the sandbox id (a vmm that re-adopted a VM after a restart
+// knows it by id alone).
+func (g *Service) sandboxByID(ctx context.Context, id string) (*api.Sandbox, error) {
+	all, err := g.reg.View(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range all {
+		if sb.ID == id {
+			return sb, nil
+		}
+	}
+	return nil, errdefs.NotFound("no sandbox %s", clipArg(id))
 }

@@ -102,7 +102,7 @@ func (s *Service) register(m *machine) {
 // hybrid-vsock socket, the watcher and the listener scan.
 func (s *Service) serveGuest(m *machine) {
 	ctx := m.ctx
-	why := newWhyServer(m.id, m.name, s.gatewayWhy)
+	why := newWhyServer(m.id, s.gatewayWhy)
 	m.agent.ServeLocal(agentproto.WhyPort, func(c net.Conn) { why.serve(ctx, c) })
 	go func() {
 		if err := guest.ServeHybridVsock(ctx, m.agent, filepath.Join(m.dir, "vsock.sock"), m.dir); err != nil && ctx.Err() == nil && !s.isStopping(m) {

@@ -62,18 +62,21 @@ type whyCaller func(ctx context.Context, r gwapi.EgressWhyRequest) (status int, 
 
 // whyServer serves the nexus-why streams of one sandbox.
 type whyServer struct {
-	id, name string
-	budget   whyBudget
-	sem      chan struct{}
-	call     whyCaller
+	id     string // the sandbox of the channel
+	budget whyBudget
+	sem    chan struct{}
+	call   whyCaller
 }
 
-func newWhyServer(id, name string, call whyCaller) *whyServer {
-	return &whyServer{id: id, name: name, sem: make(chan struct{}, maxWhyConns), call: call}
+func newWhyServer(id string, call whyCaller) *whyServer {
+	return &whyServer{id: id, sem: make(chan struct{}, maxWhyConns), call: call}
 }
 
 // gatewayWhy is the whyCaller of a running vmm: the gateway's answer, or why there is none.
 func (s *Service) gatewayWhy(ctx context.Context, r gwapi.EgressWhyRequest) (int, any) {
+	if s.cfg.Bus == nil {
+		return http.StatusServiceUnavailable, agentproto.WhyAnswer{Message: "the host has no bus to ask"}
+	}
 	reply, err := gwapi.EgressWhy.Call(ctx, s.cfg.Bus, "", r)
 	switch {
 	case err != nil:
@@ -109,7 +112,7 @@ func (w *whyServer) answer(ctx context.Context, c net.Conn) (int, any) {
 	if !w.budget.allow(time.Now()) {
 		return http.StatusTooManyRequests, msg("too many nexus-why calls: wait a second")
 	}
-	call := gwapi.EgressWhyRequest{SandboxID: w.id, Name: w.name}
+	call := gwapi.EgressWhyRequest{SandboxID: w.id}
 	switch {
 	case req.Method == http.MethodGet && req.URL.Path == agentproto.WhyPath:
 	case req.Method == http.MethodPost && req.URL.Path == agentproto.WhyRequestPath:

@@ -47,13 +47,13 @@ func (r *recordedWhy) call(_ context.Context, c gwapi.EgressWhyRequest) (int, an
 	if c.Request != nil {
 		return http.StatusAccepted, agentproto.WhyAnswer{Message: "asked for " + c.Request.Host}
 	}
-	return http.StatusOK, agentproto.WhyReport{Sandbox: c.Name, Mode: "curated", Denials: []agentproto.WhyDenial{}}
+	return http.StatusOK, agentproto.WhyReport{Sandbox: c.SandboxID, Mode: "curated", Denials: []agentproto.WhyDenial{}}
 }
 
 // nexus-why names the sandbox of its channel, whatever the guest sends, and bounds requests.
 func TestWhyIdentityAndBounds(t *testing.T) {
 	rec := &recordedWhy{}
-	w := newWhyServer("sb-1", "default/one", rec.call)
+	w := newWhyServer("sb-1", rec.call)
 	// A guest that claims another sandbox, in a header and in the body, is still sandbox sb-1.
 	body := `{"host":"docs.example.com","port":443,"reason":"sdk","sandbox_id":"sb-2","name":"default/two"}`
 	raw := "POST " + agentproto.WhyRequestPath + " HTTP/1.0\r\nHost: nexus-why\r\nX-Sandbox: sb-2\r\nContent-Length: " + fmt.Sprint(len(body)) + "\r\n\r\n" + body
@@ -64,12 +64,12 @@ func TestWhyIdentityAndBounds(t *testing.T) {
 		t.Fatalf("a report: %d %s", code, out)
 	} else {
 		var rep agentproto.WhyReport
-		if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Sandbox != "default/one" {
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Sandbox != "sb-1" {
 			t.Fatalf("report %q: %v", out, err)
 		}
 	}
 	for _, c := range rec.calls {
-		if c.SandboxID != "sb-1" || c.Name != "default/one" {
+		if c.SandboxID != "sb-1" {
 			t.Fatalf("the gateway was asked for %+v", c)
 		}
 	}
@@ -97,7 +97,7 @@ func TestWhyIdentityAndBounds(t *testing.T) {
 // maxWhyConns exchanges open.
 func TestWhyRateLimit(t *testing.T) {
 	rec := &recordedWhy{}
-	w := newWhyServer("sb-1", "default/one", rec.call)
+	w := newWhyServer("sb-1", rec.call)
 	limited := 0
 	for range whyBurst + 5 {
 		if code, _ := whyExchange(t, w, "GET "+agentproto.WhyPath+" HTTP/1.0\r\n\r\n"); code == http.StatusTooManyRequests {

@@ -12,10 +12,9 @@ import (
 // refusals from the audit stream (every layer) and its netstack says what would allow each.
 var EgressWhy = bus.Endpoint[EgressWhyRequest, netapi.WhyReply]{Scope: bus.GatewayAPI, Verb: "egress.why"}
 
-// EgressWhyRequest is one nexus-why call of the sandbox SandboxID (Name is its name, checked
-// against the id): a report, or a request for a host when Request is set.
+// EgressWhyRequest is one nexus-why call of the sandbox SandboxID: a report, or a request for a
+// host when Request is set.
 type EgressWhyRequest struct {
 	SandboxID string                 `json:"sandbox_id"`
-	Name      string                 `json:"name"`
 	Request   *agentproto.WhyRequest `json:"request,omitempty"`
 }
