@@ -32,8 +32,7 @@ func qemuPid(t *testing.T, id string) int {
 // A paused sandbox survives a restart of nexus paused (its guest cannot answer the agent
 // while paused), the restarted stack answers at once, and it resumes and execs.
 func TestPausedSandboxSurvivesRestart(t *testing.T) {
-	name := "crash/paused"
-	createAll(t, name)
+	name := take(t, 1)[0]
 	stack.MustNexus(t, "exec", name, "--", "sh", "-c", "echo before > /tmp/mark")
 	stack.MustNexus(t, "pause", name)
 	s := find(t, name)
@@ -59,13 +58,13 @@ func TestPausedSandboxSurvivesRestart(t *testing.T) {
 		t.Fatal("the VM was replaced")
 	}
 	checkConsistent(t)
+	give(t, name)
 }
 
 // The first `nexus start` after a VM failure succeeds: marking the sandbox failed released its
 // perimeter, and setting a perimeter up again replaces what a crash may have left.
 func TestStartAfterVMFailure(t *testing.T) {
-	name := "crash/vmfail"
-	createAll(t, name)
+	name := take(t, 1)[0]
 	s := find(t, name)
 	syscall.Kill(qemuPid(t, s.ID), syscall.SIGKILL)
 	testutil.WaitFor(t, time.Minute, func() error {
@@ -77,6 +76,7 @@ func TestStartAfterVMFailure(t *testing.T) {
 	checkConsistent(t) // no network or mitm record of the failed sandbox
 	stack.MustNexus(t, "start", name)
 	checkConsistent(t)
+	give(t, name)
 }
 
 // A create refused at boot (an image the vmm does not have) leaves nothing: no record, no

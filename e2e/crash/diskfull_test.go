@@ -19,9 +19,12 @@ import (
 // with a sentence (one line) and changes nothing; once space is freed every sandbox works, the
 // registry is true, nothing half-made is left, and one command finishes each operation.
 func TestHostDiskFills(t *testing.T) {
-	quiet, filler := "crash/disk-quiet", "crash/disk-filler"
-	createAll(t, quiet)
-	snapshotParent(t, filler)
+	// The filler has no live mount (it is snapshotted) and a disk of its own (what it writes
+	// stays allocated in its overlay).
+	quiet, filler := take(t, 1)[0], "crash/disk-filler"
+	stack.MustNexus(t, "create", filler, "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1")
+	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", filler) })
+	remember(t)
 
 	// Ballast takes the home below the watermark; the filler then fills what is left.
 	sp, err := stack.Home.Space()
@@ -113,4 +116,5 @@ func TestHostDiskFills(t *testing.T) {
 	}
 	checkConsistent(t)
 	stack.MustNexus(t, "rm", "--force", "crash/disk-new")
+	give(t, quiet)
 }

@@ -247,10 +247,19 @@ func checkConsistent(t *testing.T) {
 		default:
 			t.Errorf("%s is left %s after the restart (%s)", s.Name, s.State, s.Reason)
 		}
+	}
+	// The running sandboxes exec at once (each exec waits mostly on its guest).
+	var wg sync.WaitGroup
+	for _, s := range list {
 		if s.State == api.StateRunning {
-			checkConfigured(t, s.Name, len(s.Mounts) > 0)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				checkConfigured(t, s.Name, len(s.Mounts) > 0)
+			}()
 		}
 	}
+	wg.Wait()
 	// Nothing on disk of a sandbox without a record; no perimeter and no RAM without a VM.
 	dirs, _ := filepath.Glob(filepath.Join(stack.Home.Sandboxes(), "sb-*"))
 	for _, d := range dirs {

@@ -27,6 +27,13 @@ func caseName(prefix, point string) string {
 // createAll creates the sandboxes names at once, and removes them when t ends.
 func createAll(t *testing.T, names ...string) {
 	t.Helper()
+	t.Cleanup(func() { stack.Nexus(t, append([]string{"rm", "--force"}, names...)...) })
+	createEach(t, names...)
+}
+
+// createEach creates the sandboxes names at once.
+func createEach(t *testing.T, names ...string) {
+	t.Helper()
 	var wg sync.WaitGroup
 	errs := make([]string, len(names))
 	for i, n := range names {
@@ -39,7 +46,6 @@ func createAll(t *testing.T, names ...string) {
 		}()
 	}
 	wg.Wait()
-	t.Cleanup(func() { stack.Nexus(t, append([]string{"rm", "--force"}, names...)...) })
 	for _, e := range errs {
 		if e != "" {
 			t.Fatal(e)
@@ -80,7 +86,11 @@ func TestCrashDuringCreate(t *testing.T) {
 	points := append([]string{"gateway/create/recorded"}, firstBootSteps...)
 	points = append(points, bootSteps...)
 	var names []string
-	t.Cleanup(func() { stack.Nexus(t, append([]string{"rm", "--force"}, names...)...) })
+	t.Cleanup(func() {
+		if t.Failed() { // else they were handed on
+			stack.Nexus(t, append([]string{"rm", "--force"}, names...)...)
+		}
+	})
 	for _, point := range points {
 		name := caseName("create", point)
 		t.Run(point, func(t *testing.T) {
@@ -97,19 +107,33 @@ func TestCrashDuringCreate(t *testing.T) {
 		})
 	}
 	finishStart(t, names...)
-	stack.MustNexus(t, append([]string{"rm", "--force"}, names...)...)
+	give(t, names...)
 	checkConsistent(t)
+}
+
+// A stop killed at any step is finished by the restarted stack: the sandbox is stopped, its
+// perimeter released. Each point stops a sandbox of its own, which TestCrashDuringStart then
+// starts again (nothing of its perimeter is left in the way).
+func TestCrashDuringStop(t *testing.T) {
+	points := []string{"gateway/stop/stopping", "gateway/stop/vm", "gateway/stop/perimeter"}
+	names := take(t, len(points))
+	for i, point := range points {
+		t.Run(point, func(t *testing.T) {
+			crashAt(t, point, "stop", names[i])
+			checkConsistent(t)
+			if s := find(t, names[i]); s == nil || s.State != api.StateStopped {
+				t.Fatalf("after a crash during stop: %+v", s)
+			}
+			stack.MustNexus(t, "stop", names[i]) // the one command: already done
+		})
+	}
+	giveStopped(t, names...)
 }
 
 // A start of a stopped sandbox killed at a step of its boot: the same promise as create.
 func TestCrashDuringStart(t *testing.T) {
 	points := []string{"gateway/boot/starting", "vmm/start/qemu", "vmm/start/configure", "gateway/boot/vm"}
-	var names []string
-	for _, point := range points {
-		names = append(names, caseName("start", point))
-	}
-	createAll(t, names...)
-	stack.MustNexus(t, append([]string{"stop"}, names...)...)
+	names := takeStopped(t, len(points))
 	for i, point := range points {
 		t.Run(point, func(t *testing.T) {
 			crashAt(t, point, "start", names[i])
@@ -117,41 +141,14 @@ func TestCrashDuringStart(t *testing.T) {
 		})
 	}
 	finishStart(t, names...)
-}
-
-// A stop killed at any step is finished by the restarted stack: the sandbox is stopped, its
-// perimeter released; it starts again.
-func TestCrashDuringStop(t *testing.T) {
-	name := "crash/stop"
-	createAll(t, name)
-	for i, point := range []string{"gateway/stop/stopping", "gateway/stop/vm", "gateway/stop/perimeter"} {
-		t.Run(point, func(t *testing.T) {
-			remember(t)
-			crashAt(t, point, "stop", name)
-			checkConsistent(t)
-			if s := find(t, name); s == nil || s.State != api.StateStopped {
-				t.Fatalf("after a crash during stop: %+v", s)
-			}
-			stack.MustNexus(t, "stop", name) // the one command: already done
-			if i == 0 {
-				finishStart(t, name) // a stopped sandbox starts again: nothing of its perimeter is left in the way
-				return
-			}
-			stack.MustNexus(t, "start", name)
-			remember(t)
-		})
-	}
+	give(t, names...)
 }
 
 // A remove killed at any step is finished by the restarted stack: nothing of the sandbox is
 // left, and the name is free again.
 func TestCrashDuringRemove(t *testing.T) {
 	points := []string{"gateway/remove/removing", "gateway/remove/vm", "gateway/remove/perimeter"}
-	var names []string
-	for _, point := range points {
-		names = append(names, caseName("rm", point))
-	}
-	createAll(t, names...)
+	names := take(t, len(points))
 	for i, point := range points {
 		t.Run(point, func(t *testing.T) {
 			crashAt(t, point, "rm", "--force", names[i])
@@ -166,8 +163,7 @@ func TestCrashDuringRemove(t *testing.T) {
 // A pause or resume killed between the VM and the record: the restarted stack makes the record
 // and the VM agree, and the sandbox execs.
 func TestCrashDuringPauseAndResume(t *testing.T) {
-	name := "crash/pause"
-	createAll(t, name)
+	name := take(t, 1)[0]
 	crashAt(t, "gateway/pause/vm", "pause", name)
 	checkConsistent(t)
 	if s := find(t, name); s == nil || s.State != api.StateRunning {
@@ -179,4 +175,5 @@ func TestCrashDuringPauseAndResume(t *testing.T) {
 	if s := find(t, name); s == nil || s.State != api.StateRunning {
 		t.Fatalf("after a crash during resume: %+v", s)
 	}
+	give(t, name)
 }

@@ -42,8 +42,7 @@ func race(t *testing.T, cmds ...[]string) []outcome {
 // Operations racing on one sandbox: each that loses is refused with a sentence saying why (or
 // waits for the other and succeeds), and afterwards the registry is true and nothing leaks.
 func TestRacingOperations(t *testing.T) {
-	name := "crash/race"
-	snapshotParent(t, name)
+	name := snapshotParent(t)
 
 	t.Run("stop during snapshot", func(t *testing.T) {
 		const snap = "crash-race"

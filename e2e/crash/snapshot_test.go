@@ -14,14 +14,23 @@ import (
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 )
 
-// snapshotParent creates a sandbox to snapshot (no live mount: a mounted sandbox cannot be
-// snapshotted) with a file on its disk that every fork of it must have.
-func snapshotParent(t *testing.T, name string) {
+// parentName is the sandbox the tests snapshot (no live mount: a mounted sandbox cannot be
+// snapshotted), one for the package: a cold boot is most of what a case costs.
+const parentName = "crash/parent"
+
+// snapshotParent returns the sandbox to snapshot, running, with a file on its disk that every
+// fork of it must have: created once, started again when a test left it stopped.
+func snapshotParent(t *testing.T) string {
 	t.Helper()
-	stack.MustNexus(t, "create", name, "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1")
-	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", name) })
-	stack.MustNexus(t, "exec", name, "--", "sh", "-c", "echo parent > /root/mark && sync")
-	remember(t)
+	switch s := find(t, parentName); {
+	case s == nil:
+		stack.MustNexus(t, "create", parentName, "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1")
+		stack.MustNexus(t, "exec", parentName, "--", "sh", "-c", "echo parent > /root/mark && sync")
+		remember(t)
+	case s.State != api.StateRunning:
+		stack.MustNexus(t, "start", parentName)
+	}
+	return parentName
 }
 
 // snapshots is `snapshot ls --json`.
@@ -77,8 +86,7 @@ func checkFork(t *testing.T, name string) {
 // snapshot that is whole and recorded or gone (never listed half-made, never on disk without a
 // record); one `nexus snapshot create` then makes it.
 func TestCrashDuringSnapshot(t *testing.T) {
-	parent := "crash/snap-parent"
-	snapshotParent(t, parent)
+	parent := snapshotParent(t)
 	points := []string{"vmm/snapshot/state", "vmm/snapshot/copied", "vmm/snapshot/saved", "gateway/snapshot/vm"}
 	for i, point := range points {
 		snap := fmt.Sprintf("crash-snap-%d", i)
@@ -100,8 +108,7 @@ func TestCrashDuringSnapshot(t *testing.T) {
 // with the parent's disk) or failed with the reason and nothing of it running; one `nexus
 // start` then brings it up from its snapshot, never cold-booted from the bare image.
 func TestCrashDuringFork(t *testing.T) {
-	parent := "crash/fork-parent"
-	snapshotParent(t, parent)
+	parent := snapshotParent(t)
 	snap := "crash-fork"
 	stack.MustNexus(t, "snapshot", "create", parent, snap)
 	t.Cleanup(func() { stack.Nexus(t, "snapshot", "rm", snap) })

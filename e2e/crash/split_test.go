@@ -100,8 +100,7 @@ func (s *supervisor) stop() {
 // killed mid-boot makes the create fail with the reason as soon as the vmm is back, instead of
 // leaving it waiting for its whole deadline.
 func TestKillOneService(t *testing.T) {
-	box := "crash/split"
-	createAll(t, box)
+	box := take(t, 1)[0]
 	stack.Kill()
 	sup := &supervisor{procs: map[string]*exec.Cmd{}, starts: map[string]int{}}
 	for _, svc := range splitServices {
@@ -117,6 +116,7 @@ func TestKillOneService(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkConsistent(t)
+		give(t, box)
 	}()
 	testutil.WaitFor(t, time.Minute, func() error {
 		if _, errOut, code := stack.Nexus(t, "status"); code != 0 {
