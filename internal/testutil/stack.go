@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -289,7 +290,13 @@ func (s *Stack) Stop() {
 		s.cmd.Process.Kill()
 		<-s.done
 	}
-	// Any VM left behind (a test that failed midway) must not outlive the test run.
+	s.killVMs()
+	os.RemoveAll(s.Root)
+}
+
+// killVMs kills every VM of the stack's home: none may outlive the test run (a test that
+// failed midway, a package about to time out).
+func (s *Stack) killVMs() {
 	pids, _ := filepath.Glob(filepath.Join(s.Home.Sandboxes(), "*", "qemu.pid"))
 	for _, p := range pids {
 		if b, err := os.ReadFile(p); err == nil {
@@ -298,7 +305,6 @@ func (s *Stack) Stop() {
 			}
 		}
 	}
-	os.RemoveAll(s.Root)
 }
 
 // Nexus runs the CLI against the stack and returns stdout, stderr and the exit code.
@@ -432,6 +438,9 @@ func Check(f func(*Stack) error) Option {
 	return func(s *suite) { s.checks = append(s.checks, f) }
 }
 
+// timeoutMargin is how long before the package's -timeout Main kills what it started.
+const timeoutMargin = 30 * time.Second
+
 // Main is the TestMain of an end-to-end package: it runs the Setups, starts one stack with
 // their environment, points *s at it, runs the tests and the Checks, prints the tail of the
 // stack's log when anything failed, stops the stack and runs the fixtures' cleanups. Without
@@ -486,6 +495,23 @@ func (cfg *suite) run(m *testing.M, s **Stack) int {
 	}
 	*s = st
 	defer st.Stop()
+	// A package that runs out of -timeout panics without running any defer: its VMs (which
+	// outlive nexus by design) would run on, holding CPU and whatever file descriptors the
+	// test run inherited. Shortly before that, everything the package started is killed.
+	flag.Parse()
+	if tf := flag.Lookup("test.timeout"); tf != nil {
+		if d, ok := tf.Value.(flag.Getter).Get().(time.Duration); ok && d > 2*timeoutMargin {
+			watchdog := time.AfterFunc(d-timeoutMargin, func() {
+				fmt.Fprintf(os.Stderr, "e2e: the package is %v from its -timeout: killing the stack and its VMs\n", timeoutMargin)
+				st.cmd.Process.Kill()
+				st.killVMs()
+				for i := len(f.cleanups) - 1; i >= 0; i-- {
+					f.cleanups[i]()
+				}
+			})
+			defer watchdog.Stop()
+		}
+	}
 	code := 0
 	for _, started := range cfg.started {
 		if err := started(st); err != nil {
