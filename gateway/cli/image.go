@@ -71,7 +71,7 @@ func imageCommand() *cobra.Command {
 	bf.StringVarP(&db.file, "file", "f", "", "build this Dockerfile (- reads it from stdin)")
 	bf.StringVarP(&db.tag, "tag", "t", "", "name the image NAME[:TAG] (default: the context directory's name, tag latest)")
 	bf.StringArrayVar(&db.buildArgs, "build-arg", nil, "set an ARG: NAME=VALUE, or NAME to take it from the environment (repeatable)")
-	bf.StringArrayVar(&db.allowHosts, "allow-host", nil, "let the builder sandbox reach HOST[:PORT] (repeatable; without any, RUN has no network)")
+	bf.StringArrayVar(&db.allowHosts, "allow-host", nil, "let the builder sandbox reach only HOST[:PORT] (repeatable; without any, RUN has allow-all egress for the build)")
 	bf.Int64Var(&db.maxContext, "max-context", 0, "refuse a build context larger than this many bytes (default 1 GiB)")
 	bf.IntVar(&db.memoryMiB, "memory", 0, "memory of the builder sandbox in MiB (default: a sandbox's)")
 	bf.BoolVar(&db.noCache, "no-cache", false, "build every step again, even if an earlier build made the same")
@@ -407,8 +407,10 @@ const dockerfileHelp = `FROM (a built-in, local or registry image), RUN, COPY an
 (files of the context; ADD neither fetches URLs nor unpacks archives), ENV, ARG, WORKDIR, USER,
 ENTRYPOINT, CMD, LABEL and EXPOSE. Any other instruction is refused with its line number.
 
-Every RUN runs in one builder sandbox booted from the FROM image, with no network unless
---allow-host names hosts (default-deny egress, the perimeter of any sandbox); COPY sends the
+Every RUN runs in one builder sandbox booted from the FROM image, with allow-all egress for the
+build (the builder VMs' bounded allow-all window: audited, private addresses still refused, no
+MITM and no credentials), or, with --allow-host, default-deny egress reaching only the hosts it
+names (the perimeter of any sandbox); COPY sends the
 context's files into it. The builder's disk is then made the new image, recorded with a digest,
 its config (Env, WorkingDir, User, Entrypoint, Cmd, Labels) and the tag. The builder is removed
 whatever happens, and a failed build records nothing.

@@ -51,6 +51,9 @@ type BuildProgress struct {
 // builderTTL bounds a builder sandbox's life should the CLI die mid-build.
 const builderTTL = "2h"
 
+// builderAllowAllFor is a builder sandbox's allow-all window.
+const builderAllowAllFor = "24h"
+
 // builder runs one Dockerfile build.
 type builder struct {
 	cmd   *cobra.Command
@@ -276,7 +279,10 @@ func (b *builder) createBuilder(image string) error {
 	r := api.CreateRequest{Name: b.name, Image: image, Labels: map[string]string{"nexus.build": "1"}, MemoryMiB: b.o.memoryMiB,
 		AllowHosts: b.o.allowHosts, TTL: builderTTL, NoPortForward: true}
 	if len(r.AllowHosts) == 0 {
-		r.EgressMode = "none"
+		// The spec's builder VMs: allow-all for a bounded window (AllowAllFor(24h); the TTL
+		// ends the builder first), audited, still refused private addresses, no MITM and no
+		// credentials. --allow-host opts into default-deny with only the hosts it names.
+		r.EgressMode = api.EgressAllowAll + "=" + builderAllowAllFor
 	}
 	ctx, cancel := context.WithTimeout(b.cmd.Context(), api.CreateTimeout)
 	defer cancel()
