@@ -37,7 +37,8 @@ export interface ClientOptions {
 
 export interface RequestOptions {
   query?: Record<string, string | number | boolean | undefined | Array<string | number | boolean>>;
-  body?: BodyInit;
+  /** What fetch takes as a body (a string, bytes, a stream…). */
+  body?: NonNullable<RequestInit["body"]>;
   json?: unknown;
   contentType?: string;
   /** 0: no deadline. */
@@ -101,7 +102,8 @@ export interface PortForward {
   [key: string]: unknown;
 }
 
-export type Output = (chunk: Uint8Array) => void | Promise<void>;
+/** Called with each chunk as it comes; a returned promise is awaited before the next (back-pressure). */
+export type Output = (chunk: Uint8Array) => unknown;
 
 export interface ExecOptions {
   /** Written to the command's stdin, which is then closed. */

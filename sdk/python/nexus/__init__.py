@@ -8,10 +8,11 @@
         print(r.exit_code, sb.files.read("/tmp/a.txt"))
 
 The URL and token come from $NEXUS_API_URL and $NEXUS_API_TOKEN unless a Client is given.
+``AsyncSandbox`` (with ``AsyncClient``) is the same surface for asyncio, on asyncio streams.
 Only the standard library is used.
 """
 
-from ._aio import AsyncFiles, AsyncSandbox
+from ._aio import AsyncClient, AsyncFiles, AsyncSandbox, AsyncSnapshot
 from ._client import Client, ExecResult, FileInfo, Files, Sandbox, Snapshot
 from .errors import (AuthenticationError, ConflictError, InternalError, InvalidError, NexusError,
                      NotFoundError, RefusedError, UnavailableError)
@@ -19,7 +20,8 @@ from .errors import (AuthenticationError, ConflictError, InternalError, InvalidE
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "AsyncSandbox", "Files", "AsyncFiles", "ExecResult", "FileInfo", "Snapshot",
+    "Client", "Sandbox", "Files", "Snapshot", "ExecResult", "FileInfo",
+    "AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncSnapshot",
     "NexusError", "InvalidError", "NotFoundError", "ConflictError", "RefusedError",
     "AuthenticationError", "UnavailableError", "InternalError",
 ]
