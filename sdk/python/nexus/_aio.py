@@ -227,7 +227,7 @@ class AsyncFiles:
         await self._call(_ops.files(self._sb.name, "", "DELETE", path, recursive=recursive or None))
 
 
-class AsyncSandbox:
+class AsyncSandbox(_ops.SandboxState):
     """Sandbox for asyncio: ``async with await AsyncSandbox.create(...) as sb`` removes it at
     the end of the block."""
 
@@ -236,9 +236,6 @@ class AsyncSandbox:
         self.client = client or AsyncClient()
         self.info: Dict[str, Any] = info or {}
         self.files = AsyncFiles(self)
-
-    def __repr__(self) -> str:
-        return "AsyncSandbox(%r, state=%r)" % (self.name, self.info.get("state"))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -272,18 +269,8 @@ class AsyncSandbox:
         self.info = await self.client.call(_ops.get(self.name))
         return self.info
 
-    @property
-    def state(self) -> str:
-        return str(self.info.get("state", ""))
-
-    @property
-    def labels(self) -> Dict[str, str]:
-        return dict(self.info.get("labels") or {})
-
     async def _verb(self, verb: str, force: Optional[bool] = None) -> None:
-        d = await self.client.call(_ops.verb(self.name, verb, force))
-        if d and d.get("state"):
-            self.info["state"] = d["state"]
+        self._took(await self.client.call(_ops.verb(self.name, verb, force)))
 
     async def start(self) -> None:
         await self._verb("start")

@@ -118,7 +118,7 @@ class Files:
         self._call(_ops.files(self._sb.name, "", "DELETE", path, recursive=recursive or None))
 
 
-class Sandbox:
+class Sandbox(_ops.SandboxState):
     """One sandbox. ``Sandbox.create(...)`` boots one; as a context manager it is removed at the
     end of the block."""
 
@@ -127,9 +127,6 @@ class Sandbox:
         self.client = client or Client()
         self.info: Dict[str, Any] = info or {}
         self.files = Files(self)
-
-    def __repr__(self) -> str:
-        return "Sandbox(%r, state=%r)" % (self.name, self.info.get("state"))
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -168,18 +165,8 @@ class Sandbox:
         self.info = self.client.call(_ops.get(self.name))
         return self.info
 
-    @property
-    def state(self) -> str:
-        return str(self.info.get("state", ""))
-
-    @property
-    def labels(self) -> Dict[str, str]:
-        return dict(self.info.get("labels") or {})
-
     def _verb(self, verb: str, force: Optional[bool] = None) -> None:
-        d = self.client.call(_ops.verb(self.name, verb, force))
-        if d and d.get("state"):
-            self.info["state"] = d["state"]
+        self._took(self.client.call(_ops.verb(self.name, verb, force)))
 
     def start(self) -> None:
         self._verb("start")

@@ -157,6 +157,29 @@ class SnapshotInfo:
     info: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
+class SandboxState:
+    """What Sandbox and AsyncSandbox share: the name and the last record read."""
+
+    name: str
+    info: Dict[str, Any]
+
+    def __repr__(self) -> str:
+        return "%s(%r, state=%r)" % (type(self).__name__, self.name, self.info.get("state"))
+
+    @property
+    def state(self) -> str:
+        return str(self.info.get("state", ""))
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        return dict(self.info.get("labels") or {})
+
+    def _took(self, d: Any) -> None:
+        """Keeps the state a lifecycle call answered."""
+        if d and d.get("state"):
+            self.info["state"] = d["state"]
+
+
 # --- the requests ----------------------------------------------------------------------------
 
 
