@@ -47,7 +47,10 @@ export class Client {
     try { u = new URL(url); } catch { u = null; }
     if (!u || (u.protocol !== "http:" && u.protocol !== "https:")) throw new InvalidError(`invalid API URL ${JSON.stringify(url)}: use http://HOST:PORT or https://HOST:PORT`, 0, "invalid");
     this.url = url.replace(/\/+$/, "");
-    Object.defineProperty(this, "token", { value: opts.token ?? env("NEXUS_API_TOKEN") ?? "", enumerable: false });
+    const token = opts.token ?? env("NEXUS_API_TOKEN") ?? "";
+    // Never echoed: fetch's own error would quote the header, secret and all.
+    if (!/^[\x21-\x7e]*$/.test(token)) throw new InvalidError("the API token has spaces or control characters: set NEXUS_API_TOKEN to the token alone", 0, "invalid");
+    Object.defineProperty(this, "token", { value: token, enumerable: false });
     this.timeoutMs = opts.timeoutMs ?? 60_000;
   }
 

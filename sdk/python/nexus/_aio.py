@@ -71,13 +71,15 @@ class _Response:
 
     async def read_exactly(self, n: int) -> Optional[bytes]:
         """Exactly n bytes, or None at the end of the body."""
-        buf = b""
-        while len(buf) < n:
-            b = await self.read(n - len(buf))
+        parts: List[bytes] = []
+        got = 0
+        while got < n:  # pieces joined once: a 1 MiB frame comes in many small reads
+            b = await self.read(n - got)
             if not b:
                 return None
-            buf += b
-        return buf
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
 
     async def read_all(self, limit: int = -1) -> bytes:
         parts: List[bytes] = []

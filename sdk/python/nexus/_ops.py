@@ -49,6 +49,8 @@ class Endpoint:
                  ssl_context: Optional[ssl.SSLContext] = None) -> None:
         url = url or os.environ.get("NEXUS_API_URL") or DEFAULT_URL
         token = token if token is not None else os.environ.get("NEXUS_API_TOKEN", "")
+        if any(not 0x21 <= ord(c) <= 0x7E for c in token):  # never echoed (http.client would)
+            raise InvalidError("the API token has spaces or control characters: set NEXUS_API_TOKEN to the token alone")
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise InvalidError("invalid API URL %r: use http://HOST:PORT or https://HOST:PORT" % url)

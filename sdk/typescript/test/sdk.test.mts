@@ -149,6 +149,7 @@ test("errors", shared, async () => {
   // Nothing listens on port 1 of loopback.
   await assert.rejects(Sandbox.list({ client: new Client({ url: "http://127.0.0.1:1" }) }), UnavailableError);
   assert.throws(() => new Client({ url: "ftp://x" }), InvalidError);
+  assert.throws(() => new Client({ token: "nexus_x\ncreated" }), (e: unknown) => e instanceof InvalidError && !e.message.includes("nexus_x"));
   assert.ok(new NotFoundError("x") instanceof NexusError);
 });
 
@@ -162,12 +163,12 @@ test("snapshot and fork", shared, async () => {
     eq(snap.name, "sdk-ts-snap");
     eq(snap.sandbox, BOX);
     await assert.rejects(sb.snapshot("sdk-ts-snap"), ConflictError);
-    const fork = await snap.fork("sdk-ts-fork", { labels: { sdk: "ts-fork" } });
+    const fork = await snap.fork("api/sdk-ts-fork", { labels: { sdk: "ts-fork" } });
     try {
-      eq(fork.name, "sdk-ts-fork");
+      eq(fork.name, "api/sdk-ts-fork");
       eq(await fork.files.readText("/tmp/before-snapshot"), "kept by ts");
       eq((await fork.exec("echo forked; cat /tmp/before-snapshot")).text, "forked\nkept by ts");
-      deq((await Sandbox.list({ labels: { sdk: "ts-fork" } })).map((s) => s.name), ["sdk-ts-fork"]);
+      deq((await Sandbox.list({ labels: { sdk: "ts-fork" } })).map((s) => s.name), ["api/sdk-ts-fork"]);
       // A snapshot a live sandbox runs from cannot go.
       await assert.rejects(snap.remove(), RefusedError);
       await fork.pause();
@@ -177,7 +178,7 @@ test("snapshot and fork", shared, async () => {
     } finally {
       await fork.remove();
     }
-    await assert.rejects(Sandbox.get("sdk-ts-fork"), NotFoundError);
+    await assert.rejects(Sandbox.get("api/sdk-ts-fork"), NotFoundError);
     eq((await sb.exec("cat /tmp/before-snapshot")).text, "kept by ts");
   } finally {
     await snap.remove();
