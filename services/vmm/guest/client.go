@@ -225,7 +225,10 @@ func (c *Client) open(ctx context.Context, req agentproto.Request) (st *yamux.St
 	if err != nil {
 		return nil, nil, nil, errdefs.Unavailable("agent: %s: %v", req.Op, err)
 	}
-	stop := context.AfterFunc(ctx, func() { st.SetDeadline(longAgo) })
+	// The watch holds the stream itself: st is a result the failure paths set to nil, maybe
+	// while the watch, started by a ctx that ended meanwhile, still runs.
+	watched := st
+	stop := context.AfterFunc(ctx, func() { watched.SetDeadline(longAgo) })
 	release = func() { stop() }
 	fail := func(err error) (*yamux.Stream, *agentproto.Response, func(), error) {
 		stop()
