@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/bus"
 )
 
 // registryCache is the registry as a KV watch delivered it: each record's stored JSON and
@@ -160,8 +161,18 @@ var initialLoadWait = 2 * time.Second
 // load swapped in whole, then each change applied; started again from nothing when it ends or
 // the connection was re-established (changes may have been missed meanwhile).
 func followKV(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *registryCache) {
+	// A JetStream restarted by the bus (its disk was full) leaves the watch's consumer gone.
+	restarted := make(chan struct{}, 1)
+	if sub, err := nc.Subscribe(bus.StoreRestartedSubject, func(*nats.Msg) {
+		select {
+		case restarted <- struct{}{}:
+		default:
+		}
+	}); err == nil {
+		defer sub.Unsubscribe()
+	}
 	for ctx.Err() == nil && !nc.IsClosed() {
-		watchOnce(ctx, nc, kv, cache)
+		watchOnce(ctx, nc, kv, cache, restarted)
 		cache.stale()
 		select {
 		case <-ctx.Done():
@@ -170,7 +181,7 @@ func followKV(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *
 	}
 }
 
-func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *registryCache) {
+func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache *registryCache, restarted <-chan struct{}) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !nc.IsConnected() {
@@ -193,6 +204,8 @@ func watchOnce(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, cache 
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-restarted:
 			return
 		case <-loadBy.C:
 			if loading {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -139,6 +140,8 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		lock.Close()
 		return nil, fmt.Errorf("bus: %w", err)
 	}
+	var storeFailed atomic.Bool
+	ns.SetLoggerV2(storeLog{log: cfg.Log, failed: &storeFailed}, false, false, false)
 	go ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
@@ -168,7 +171,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return s, nil
 	}
 	defer nc.Close()
-	close(s.done)
+	go func() { defer close(s.done); s.guardStore(&storeFailed, jetStreamConfig(opts)) }()
 	// After an unclean stop JetStream recovers its store first; on a loaded machine that can
 	// outlast one API timeout, so keep asking for a while before giving up.
 	deadline := time.Now().Add(time.Minute)

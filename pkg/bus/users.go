@@ -110,7 +110,7 @@ func permissions(user, host string) *server.Permissions {
 		return nil // all subjects
 	case UserBus:
 		// It answers the joins of a cluster's hosts on the node that holds the CA.
-		return p([]string{"$JS.API.>", "$SRV.>"}, []string{"$SRV.>", ClusterJoinSubject})
+		return p([]string{"$JS.API.>", "$SRV.>", StoreRestartedSubject}, []string{"$SRV.>", ClusterJoinSubject})
 	case UserGateway:
 		perm := p(join(
 			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
