@@ -92,7 +92,7 @@ func (g *Service) snapshot(ctx context.Context, sandbox, snap, op string) (*api.
 	failpoint.Hit("gateway/snapshot/vm")
 	rec := &api.Snapshot{
 		Name: snap, Sandbox: sb.Name, SandboxID: sb.ID, Host: sb.Host, Image: sb.Image, MemoryMiB: info.MemoryMiB, VCPUs: info.VCPUs,
-		Agent: sb.Agent, Egress: sb.Egress, Secrets: sb.Secrets, Volumes: sb.Volumes, NoPortForward: sb.NoPortForward,
+		CPUs: sb.CPUs, DiskBps: sb.DiskBps, DiskIOPS: sb.DiskIOPS, Agent: sb.Agent, Egress: sb.Egress, Secrets: sb.Secrets, Volumes: sb.Volumes, NoPortForward: sb.NoPortForward,
 		CreatedAt: info.Created, RAMBytes: info.RAMBytes, RAMDataBytes: info.RAMDataBytes, StateBytes: info.StateBytes,
 		DiskBytes: info.DiskBytes, PausedMillis: info.PausedMillis,
 	}
@@ -248,7 +248,7 @@ func (g *Service) fork(ctx context.Context, r api.ForkRequest) (*api.Sandbox, er
 		return nil, err
 	}
 	sb := &api.Sandbox{ID: NewID(), Name: name, Labels: r.Labels, Image: rec.Image, MemoryMiB: rec.MemoryMiB, VCPUs: rec.VCPUs,
-		Agent: rec.Agent, Egress: rec.Egress, Secrets: rec.Secrets, Volumes: rec.Volumes, NoPortForward: rec.NoPortForward, Host: rec.Host,
+		CPUs: rec.CPUs, DiskBps: rec.DiskBps, DiskIOPS: rec.DiskIOPS, Agent: rec.Agent, Egress: rec.Egress, Secrets: rec.Secrets, Volumes: rec.Volumes, NoPortForward: rec.NoPortForward, Host: rec.Host,
 		Fork: rec.Name}
 	if err := g.reg.Create(ctx, sb); err != nil {
 		return nil, err
@@ -276,7 +276,8 @@ func (g *Service) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress 
 		g.log.Info().Str("sandbox", sb.Name).Msg("fork: the profile's live credential mount is not attached to a fork")
 	}
 	req := vmmapi.ForkRequest{ID: sb.ID, Name: sb.Name, Snapshot: snap, Hostname: hostname(sb.Name), Env: perim.env,
-		NetSocket: perim.netSocket, NoPortForward: sb.NoPortForward, Progress: progress}
+		NetSocket: perim.netSocket, NoPortForward: sb.NoPortForward, Progress: progress,
+		CPUs: sb.CPUs, DiskBps: sb.DiskBps, DiskIOPS: sb.DiskIOPS}
 	if err := g.whileBooting(ctx, sb.ID, func(ctx context.Context) error {
 		_, err := g.vmm(sb.Host).Fork(ctx, req)
 		return err

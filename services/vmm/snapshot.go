@@ -366,7 +366,8 @@ func (s *Service) fork(ctx context.Context, r api.ForkRequest) (api.StartRespons
 func (s *Service) newForkBoot(r api.ForkRequest, info api.SnapshotInfo, sdir string) *boot {
 	b := &boot{
 		s: s, id: r.ID, name: r.Name, hostname: r.Hostname, env: r.Env, image: info.Image,
-		memoryMiB: info.MemoryMiB, vcpus: info.VCPUs, netSocket: r.NetSocket, noPortForward: r.NoPortForward,
+		memoryMiB: info.MemoryMiB, vcpus: info.VCPUs, cpus: r.CPUs, diskBps: r.DiskBps, diskIOPS: r.DiskIOPS,
+		netSocket: r.NetSocket, noPortForward: r.NoPortForward,
 		progress: r.Progress, snapshot: r.Snapshot, info: info, snapDir: sdir,
 	}
 	for _, mt := range info.Mounts {

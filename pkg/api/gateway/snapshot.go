@@ -8,13 +8,18 @@ const SnapshotTimeout = 5 * time.Minute
 // Snapshot is one record in KV nexus_snapshots (key = Name): where it lives, the machine it
 // restores, and the parent's configuration a fork inherits (agent, egress, secrets, volumes).
 type Snapshot struct {
-	Name          string          `json:"name"`
-	Sandbox       string          `json:"sandbox"` // the parent's name
-	SandboxID     string          `json:"sandbox_id"`
-	Host          string          `json:"host"`
-	Image         string          `json:"image"`
-	MemoryMiB     int             `json:"memory_mib"`
-	VCPUs         int             `json:"vcpus"`
+	Name      string `json:"name"`
+	Sandbox   string `json:"sandbox"` // the parent's name
+	SandboxID string `json:"sandbox_id"`
+	Host      string `json:"host"`
+	Image     string `json:"image"`
+	MemoryMiB int    `json:"memory_mib"`
+	VCPUs     int    `json:"vcpus"`
+	// CPUs, DiskBps and DiskIOPS are the parent's containment (--cpus, --disk-bps,
+	// --disk-iops), which its forks keep; 0 (as in a record from before them): the defaults.
+	CPUs          float64         `json:"cpus,omitempty"`
+	DiskBps       int64           `json:"disk_bps,omitempty"`
+	DiskIOPS      int             `json:"disk_iops,omitempty"`
 	Agent         string          `json:"agent"`
 	Egress        Egress          `json:"egress"`
 	Secrets       []SecretBinding `json:"secrets,omitempty"`

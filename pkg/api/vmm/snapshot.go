@@ -74,6 +74,10 @@ type ForkRequest struct {
 	NetSocket     string            `json:"net_socket,omitempty"`
 	NoPortForward bool              `json:"no_port_forward,omitempty"`
 	Progress      string            `json:"progress,omitempty"`
+	// CPUs, DiskBps and DiskIOPS are the fork's containment, as in StartRequest: the parent's.
+	CPUs     float64 `json:"cpus,omitempty"`
+	DiskBps  int64   `json:"disk_bps,omitempty"`
+	DiskIOPS int     `json:"disk_iops,omitempty"`
 }
 
 // VolumeInfo is one named volume image on a host.
