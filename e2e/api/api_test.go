@@ -22,6 +22,8 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/IniZio/nexus/gateway/httpapi"
+	"github.com/IniZio/nexus/internal/testutil"
+	"github.com/IniZio/nexus/pkg/audit"
 )
 
 // box is the one sandbox of the package; its name's slash travels as %2F.
@@ -375,23 +377,89 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("snapshot and fork", func(t *testing.T) {
+		must(t, call(t, write, "POST", boxPath+"/exec", jsonBody(map[string]any{"argv": []string{"sh", "-c", "printf from-parent > /root/origin"}})), 200)
+		var snap struct {
+			Name    string `json:"name"`
+			Sandbox string `json:"sandbox"`
+		}
+		if r := call(t, read, "POST", boxPath+"/snapshots", jsonBody(map[string]any{"snapshot": "api-snap"})); r.status != 403 {
+			t.Errorf("snapshot with a read token: %d %s", r.status, r.body)
+		}
+		must(t, call(t, write, "POST", boxPath+"/snapshots", jsonBody(map[string]any{"snapshot": "api-snap"})), 201).decode(t, &snap)
+		t.Cleanup(func() { call(t, write, "DELETE", "/v1/snapshots/api-snap", nil) })
+		if snap.Name != "api-snap" || snap.Sandbox != box {
+			t.Fatalf("snapshot: %+v", snap)
+		}
+		var child struct {
+			Name   string            `json:"name"`
+			State  string            `json:"state"`
+			Labels map[string]string `json:"labels"`
+		}
+		must(t, call(t, write, "POST", "/v1/forks", jsonBody(map[string]any{"source": "api-snap", "name": "api/child", "labels": map[string]string{"via": "api"}})), 201).decode(t, &child)
+		t.Cleanup(func() { stack.Nexus(t, "rm", "--force", "api/child") })
+		if child.Name != "api/child" || child.State != "running" || child.Labels["via"] != "api" {
+			t.Fatalf("fork: %+v", child)
+		}
+		var res struct {
+			ExitCode int    `json:"exit_code"`
+			Stdout   string `json:"stdout"`
+		}
+		must(t, call(t, write, "POST", "/v1/sandboxes/"+url.PathEscape("api/child")+"/exec", jsonBody(map[string]any{"argv": []string{"cat", "/root/origin"}})), 200).decode(t, &res)
+		if res.ExitCode != 0 || res.Stdout != "from-parent" {
+			t.Errorf("the fork's /root/origin: %+v", res)
+		}
+		var snaps struct {
+			Snapshots []struct {
+				Name     string   `json:"name"`
+				Children []string `json:"children"`
+			} `json:"snapshots"`
+		}
+		must(t, call(t, read, "GET", "/v1/snapshots", nil), 200).decode(t, &snaps)
+		if len(snaps.Snapshots) != 1 || snaps.Snapshots[0].Name != "api-snap" || len(snaps.Snapshots[0].Children) != 1 || snaps.Snapshots[0].Children[0] != "api/child" {
+			t.Errorf("snapshots: %+v", snaps)
+		}
+		must(t, call(t, write, "DELETE", "/v1/sandboxes/"+url.PathEscape("api/child"), nil), 200)
+		must(t, call(t, write, "DELETE", "/v1/snapshots/api-snap", nil), 200)
+	})
+
 	t.Run("sdks", func(t *testing.T) { testSDKs(t, write) })
 
 	must(t, call(t, write, "DELETE", boxPath, nil), 200)
 	if r := call(t, read, "GET", boxPath, nil); r.status != 404 {
 		t.Errorf("get after remove: %d %s", r.status, r.body)
 	}
-	b, err := os.ReadFile(filepath.Join(string(stack.Home), "api", httpapi.RequestLogName))
-	if err != nil {
-		t.Fatal(err)
+	// The remove is audited on the audit stream with the token's name (not its secret), apart
+	// from the egress decisions.
+	var del audit.Event
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		out, _, code := stack.Nexus(t, "audit", "tail", "--api", "--token", "e2e-write", "--json")
+		if code != 0 {
+			return fmt.Errorf("audit tail --api: exit %d", code)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var ev audit.Event
+			if json.Unmarshal([]byte(line), &ev) == nil && ev.Rule == "DELETE /v1/sandboxes/{name}" && ev.Name == box {
+				del = ev
+				return nil
+			}
+		}
+		return fmt.Errorf("no audited DELETE of %s in %d lines", box, strings.Count(out, "\n"))
+	})
+	if del.Layer != audit.LayerAPI || del.Token != "e2e-write" || del.Method != "DELETE" || del.Status != 200 || del.Decision != audit.Allow {
+		t.Errorf("the remove's audit event: %+v", del)
 	}
-	if !strings.Contains(string(b), `"token":"e2e-write","scope":"write","method":"DELETE","route":"DELETE /v1/sandboxes/{name}"`) {
-		t.Errorf("the request log does not name the token of the remove:\n%s", b)
+	egress, _, _ := stack.Nexus(t, "audit", "tail", "--json")
+	if strings.Contains(egress, `"layer":"api"`) {
+		t.Error("nexus audit tail (egress decisions) prints API requests")
 	}
 	for _, secret := range tokens {
-		if strings.Contains(string(b)+stack.Log(), secret) {
-			t.Error("a token secret is in the request log or the stack's log")
+		if strings.Contains(egress+stack.Log(), secret) {
+			t.Error("a token secret is in the audit stream or the stack's log")
 		}
+	}
+	if _, err := os.Stat(filepath.Join(string(stack.Home), "api", "requests.log")); err == nil {
+		t.Error("the API still writes $NEXUS_HOME/api/requests.log")
 	}
 }
 

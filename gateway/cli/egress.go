@@ -153,8 +153,8 @@ The value comes from stdin (on a terminal you are prompted and nothing is echoed
 
 func auditCommand() *cobra.Command {
 	au := &cobra.Command{Use: "audit", Short: "Read the egress audit stream"}
-	var follow, denied bool
-	var sandboxes []string
+	var follow, denied, apiReqs bool
+	var sandboxes, apiTokens []string
 	var since time.Duration
 	tail := &cobra.Command{
 		Use:   "tail",
@@ -171,7 +171,10 @@ func auditCommand() *cobra.Command {
 					names[s.ID] = s.Name
 				}
 			}
-			opts := audit.TailOptions{Denied: denied, Follow: follow}
+			opts := audit.TailOptions{Denied: denied, Follow: follow, API: apiReqs || len(apiTokens) > 0, Tokens: apiTokens}
+			if opts.API && len(sandboxes) > 0 {
+				return usageError{errors.New("--sandbox selects egress decisions; API requests are selected with --token")}
+			}
 			for _, n := range sandboxes {
 				sb, err := c.Get(cmd.Context(), n)
 				if err != nil {
@@ -192,12 +195,24 @@ func auditCommand() *cobra.Command {
 			enc := json.NewEncoder(w)
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			asJSON := jsonOutput(cmd) // one event per line
-			if !asJSON {
+			switch {
+			case asJSON:
+			case opts.API:
+				fmt.Fprintln(tw, "TIME\tTOKEN\tDECISION\tREQUEST\tSTATUS\tROUTE\tCLIENT")
+			default:
 				fmt.Fprintln(tw, "TIME\tSANDBOX\tLAYER\tDECISION\tDESTINATION\tREQUEST\tRULE\tREASON")
 			}
 			err = audit.Tail(ctx, c.Conn(), opts, func(ev audit.Event) error {
 				if asJSON {
 					return enc.Encode(ev)
+				}
+				if opts.API {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s %s\t%d\t%s\t%s\n", ev.Time.Local().Format("15:04:05.000"), dash(ev.Token), ev.Decision,
+						ev.Method, ev.Path, ev.Status, dash(ev.Rule), dash(ev.IP))
+					if follow {
+						tw.Flush()
+					}
+					return nil
 				}
 				name := names[ev.Sandbox]
 				if name == "" {
@@ -232,6 +247,8 @@ func auditCommand() *cobra.Command {
 	tail.Flags().BoolVar(&denied, "denied", false, "only denials")
 	tail.Flags().StringArrayVar(&sandboxes, "sandbox", nil, "only this sandbox (repeatable)")
 	tail.Flags().DurationVar(&since, "since", 0, "only decisions newer than this (e.g. 10m)")
+	tail.Flags().BoolVar(&apiReqs, "api", false, "the remote API's requests (who called it with which token) instead of egress decisions")
+	tail.Flags().StringArrayVar(&apiTokens, "token", nil, "only the API requests made with this token (repeatable; implies --api)")
 	au.AddCommand(tail)
 	return au
 }

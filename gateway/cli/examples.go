@@ -33,7 +33,7 @@ var examples = map[string]string{
 	"image rm":          "nexus image rm nexus-mini",
 	"secret ls":         "nexus secret ls",
 	"secret rm":         "nexus secret rm GITHUB_TOKEN",
-	"audit tail":        "nexus audit tail --denied --since 10m\nnexus audit tail -f --sandbox demo/t1\nnexus audit tail --json | jq -c 'select(.decision==\"deny\")'",
+	"audit tail":        "nexus audit tail --denied --since 10m\nnexus audit tail -f --sandbox demo/t1\nnexus audit tail --json | jq -c 'select(.decision==\"deny\")'\nnexus audit tail --api --token ci --since 1h",
 	"egress show":       "nexus egress show demo/t1\nnexus egress show demo/t1 --json",
 	"egress allow":      "nexus egress allow demo/t1 pypi.org\nnexus egress allow demo/t1 files.pythonhosted.org:443 --for 30m",
 	"egress revoke":     "nexus egress revoke demo/t1 pypi.org",

@@ -141,11 +141,26 @@ func errorBody(err error) ErrorBody {
 
 // auditEvents streams the egress audit as "audit" events (audit.Event JSON): what is stored,
 // then with follow (the default) what arrives. Filters: sandbox (names, repeatable), denied,
-// since (a duration back from now).
+// since (a duration back from now). With api, the API's own request events instead (who
+// called it with which token): admin only, since they name every token; token narrows them.
 func auditEvents(s *Service, w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var opts audit.TailOptions
 	var err error
+	if opts.API, err = boolQuery(r, "api", false); err != nil {
+		return err
+	}
+	if opts.Tokens = q["token"]; len(opts.Tokens) > 0 {
+		opts.API = true
+	}
+	if opts.API {
+		if err := need(r, ScopeAdmin, "reading the API's request events"); err != nil {
+			return err
+		}
+		if len(q["sandbox"]) > 0 {
+			return errdefs.Invalid("sandbox selects egress decisions; API requests are selected with token")
+		}
+	}
 	if opts.Denied, err = boolQuery(r, "denied", false); err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ var queryParams = map[string][][3]string{
 	"POST /v1/sandboxes/{name}/files/mkdir":  {{"path", "string", "absolute guest path"}},
 	"DELETE /v1/sandboxes/{name}/files":      {{"path", "string", "absolute guest path"}, {"recursive", "boolean", "remove a directory and everything in it"}},
 	"GET /v1/stats":                          {{"name", "*string", "sandbox name"}, {"selector", "*string", "label selector"}},
-	"GET /v1/audit":                          {{"sandbox", "*string", "sandbox name"}, {"denied", "boolean", "only denials"}, {"since", "string", "only decisions newer than this duration"}, {"follow", "boolean", "keep streaming new decisions (default true)"}},
+	"GET /v1/audit":                          {{"sandbox", "*string", "sandbox name"}, {"denied", "boolean", "only denials"}, {"since", "string", "only decisions newer than this duration"}, {"follow", "boolean", "keep streaming new decisions (default true)"}, {"api", "boolean", "the API's request events instead of egress decisions (admin)"}, {"token", "*string", "with api: only requests made with this token"}},
 	"POST /v1/images/{image}/build":          {{"force", "boolean", "rebuild an existing image"}},
 	"DELETE /v1/images/{image}":              {{"force", "boolean", "remove it even if sandboxes use it"}},
 	"GET /v1/delegations/{sandbox}":          {{"commits", "integer", "how many recent commits (default 10, cap 100)"}},

@@ -64,7 +64,7 @@ var Routes = []route{
 	{"POST", "/v1/sandboxes/{name}/snapshots", ScopeWrite, "Snapshot a running or paused sandbox: {snapshot}", snapshotCreate},
 	{"GET", "/v1/ports", ScopeRead, "Every sandbox's port forwards", allPorts},
 	{"GET", "/v1/stats", ScopeRead, "What running sandboxes use now (name: repeatable; selector)", stats},
-	{"GET", "/v1/audit", ScopeRead, "Egress decisions as Server-Sent Events (sandbox: repeatable; denied; since; follow)", auditEvents},
+	{"GET", "/v1/audit", ScopeRead, "Egress decisions as Server-Sent Events (sandbox: repeatable; denied; since; follow); api: the API's own request events instead (admin; token: repeatable)", auditEvents},
 	{"GET", "/v1/snapshots", ScopeRead, "List snapshots and the sandboxes forked from them", snapshotList},
 	{"DELETE", "/v1/snapshots/{snapshot}", ScopeWrite, "Remove a snapshot", snapshotRemove},
 	{"POST", "/v1/forks", ScopeWrite, "Boot a new sandbox from a snapshot or a sandbox: {source, name, labels}", fork},

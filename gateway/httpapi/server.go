@@ -6,8 +6,8 @@
 // Like the CLI and the MCP server it is a thin client of the gateway's bus API
 // (pkg/api/gateway), connected as the bus user cli, so behaviour and errors match the CLI's.
 // Every request carries an API token (`nexus token create`) whose scope (read, write, admin)
-// must cover the route; every request is written to the API's request log with the token's
-// name. It listens on loopback by default, and beyond it only with TLS; on loopback it still
+// must cover the route; every request is audited with the token's name on the durable audit
+// stream (layer api, nexus.audit.api.<token>: `nexus audit tail --api`). It listens on loopback by default, and beyond it only with TLS; on loopback it still
 // checks Host and Origin, so that a web page cannot reach it through DNS rebinding or a
 // cross-site WebSocket.
 package httpapi
@@ -16,14 +16,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +31,7 @@ import (
 
 	"github.com/IniZio/nexus/gateway/mcp"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
 )
@@ -57,15 +56,15 @@ type Service struct {
 	cfg      Config
 	log      zerolog.Logger
 	tokens   *Tokens
-	reqlog   *requestLog
 	tickets  tickets
 	loopback bool
 	tls      *tls.Config
 	mcp      *mcp.Server
 	handler  http.Handler
 
-	mu sync.Mutex
-	nc *nats.Conn
+	mu    sync.Mutex
+	nc    *nats.Conn
+	audit *audit.Publisher // made on the first connection to the bus
 }
 
 // New checks cfg and builds the server; Run listens.
@@ -101,9 +100,6 @@ func New(cfg Config) (*Service, error) {
 	if s.tokens, err = OpenTokens(cfg.Home, cfg.Log); err != nil {
 		return nil, err
 	}
-	if s.reqlog, err = openRequestLog(filepath.Join(string(cfg.Home), "api", RequestLogName)); err != nil {
-		return nil, err
-	}
 	if s.mcp, err = mcp.New(mcp.Config{Dial: cfg.Dial, Log: cfg.Log, Version: cfg.Version, Authorize: authorizeTool, AdjustCreate: limitCreate}); err != nil {
 		return nil, err
 	}
@@ -117,7 +113,7 @@ func (s *Service) Handler() http.Handler { return s.handler }
 // Run serves until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.mcp.Close()
-	defer s.reqlog.Close()
+	go s.connectAudit(ctx)
 	ln := s.cfg.Listener
 	if ln == nil {
 		var err error
@@ -151,10 +147,15 @@ func (s *Service) Run(ctx context.Context) error {
 	defer cancel()
 	srv.Shutdown(sctx)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.audit != nil {
+		if err := s.audit.Close(sctx); err != nil {
+			s.log.Warn().Err(err).Msg("api: audit events not yet acknowledged stay in the spool for the next start")
+		}
+	}
 	if s.nc != nil {
 		s.nc.Close()
 	}
-	s.mu.Unlock()
 	return nil
 }
 
@@ -162,15 +163,61 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) client(ctx context.Context) (*api.Client, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	nc, err := s.connLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewClient(nc), nil
+}
+
+func (s *Service) connLocked(ctx context.Context) (*nats.Conn, error) {
 	if s.nc != nil && !s.nc.IsClosed() {
-		return api.NewClient(s.nc), nil
+		return s.nc, nil
 	}
 	nc, err := s.cfg.Dial(ctx)
 	if err != nil {
 		return nil, errdefs.Unavailable("api: the bus: %v", err)
 	}
 	s.nc = nc
-	return api.NewClient(nc), nil
+	return nc, nil
+}
+
+// auditor returns the publisher of the API's request events, starting it on the bus
+// connection the first time. Its spool ($NEXUS_HOME/audit/api.spool) keeps what the bus has
+// not acknowledged across a bus restart and a restart of the API; a request is served only
+// once its event can be recorded.
+func (s *Service) auditor(ctx context.Context) (*audit.Publisher, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.audit != nil {
+		return s.audit, nil
+	}
+	nc, err := s.connLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := audit.NewSpooledPublisher(nc, audit.APIService, s.log, s.cfg.Home.AuditSpool(audit.APIService),
+		audit.WithLimits(audit.Unlimited), audit.WithKey(func(ev audit.Event) string { return audit.APIKey(ev.Token) }))
+	if err != nil {
+		return nil, errdefs.Unavailable("api: the audit spool: %v", err)
+	}
+	s.audit = pub
+	return pub, nil
+}
+
+// connectAudit starts the auditor as soon as the bus answers, so that events a previous run
+// left unacknowledged are published without waiting for a request.
+func (s *Service) connectAudit(ctx context.Context) {
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		if _, err := s.auditor(ctx); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }
 
 func isLoopbackHost(h string) bool {
@@ -208,13 +255,19 @@ var errUnauthenticated = errors.New("a valid API token is required: send Authori
 
 // guard checks, in order, the Host (loopback servers answer only to loopback names, so a
 // rebound DNS name is refused), the Origin (a browser's cross-site request or WebSocket is
-// refused), and the token; then it runs next and logs the request with the token's name.
+// refused), and the token; then it runs next and audits the request with the token's name.
+// Without an audit stream to record it on, nothing is served (503).
 func (s *Service) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		pub, err := s.auditor(r.Context())
+		if err != nil {
+			writeError(w, errdefs.Unavailable("api: every request is audited, and the audit stream cannot be reached: %v", err))
+			return
+		}
 		rec := &statusRecorder{ResponseWriter: w}
 		var tok Token
-		err := s.admit(r)
+		err = s.admit(r)
 		if err == nil {
 			var ok bool
 			if tok, ok = s.tokens.Lookup(bearer(r)); !ok {
@@ -229,10 +282,27 @@ func (s *Service) guard(next http.Handler) http.Handler {
 			r = r.WithContext(context.WithValue(r.Context(), callerKey{}, caller{token: tok}))
 			next.ServeHTTP(rec, r)
 		}
-		s.reqlog.write(requestEntry{Time: start.UTC(), Token: tok.Name, Scope: tok.Scope, Method: r.Method,
-			Route: r.Pattern, Path: r.URL.EscapedPath(), Status: rec.code(), Remote: r.RemoteAddr,
-			Millis: time.Since(start).Milliseconds()})
+		pub.Emit(r.Context(), requestEvent(start, tok, r, rec.code()))
 	})
+}
+
+// requestEvent is the audit record of a request: who (the token's name, never its secret)
+// did what, and how it ended; never a body, a query or a header. Refusals (401, 403) are
+// denials.
+func requestEvent(start time.Time, tok Token, r *http.Request, status int) audit.Event {
+	ev := audit.Event{Time: start.UTC(), Layer: audit.LayerAPI, Token: tok.Name, Method: r.Method, Rule: r.Pattern,
+		Path: r.URL.EscapedPath(), Status: status, Decision: audit.Allow}
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		ev.Decision = audit.Deny
+	}
+	if host, port, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		ev.IP = host
+		ev.Port, _ = strconv.Atoi(port)
+	}
+	if ev.Name = r.PathValue("name"); ev.Name == "" {
+		ev.Name = r.PathValue("sandbox")
+	}
+	return ev
 }
 
 // admit checks Host and Origin.
@@ -319,82 +389,4 @@ func (r *statusRecorder) code() int {
 		return http.StatusOK
 	}
 	return r.status
-}
-
-// RequestLogName is the API's request log in $NEXUS_HOME/api: one JSON line per request.
-const RequestLogName = "requests.log"
-
-// maxRequestLog is the size at which the request log is rotated to requests.log.1.
-const maxRequestLog = 16 << 20
-
-// requestEntry is one line of the request log: who (the token's name) did what, and how it
-// ended. It never holds a body, a query or a token secret.
-type requestEntry struct {
-	Time   time.Time `json:"time"`
-	Token  string    `json:"token,omitempty"`
-	Scope  Scope     `json:"scope,omitempty"`
-	Method string    `json:"method"`
-	Route  string    `json:"route,omitempty"`
-	Path   string    `json:"path"`
-	Status int       `json:"status"`
-	Remote string    `json:"remote"`
-	Millis int64     `json:"ms"`
-}
-
-type requestLog struct {
-	mu   sync.Mutex
-	path string
-	f    *os.File
-	size int64
-}
-
-func openRequestLog(path string) (*requestLog, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	l := &requestLog{path: path}
-	return l, l.open()
-}
-
-func (l *requestLog) open() error {
-	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("api request log: %w", err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return err
-	}
-	l.f, l.size = f, fi.Size()
-	return nil
-}
-
-func (l *requestLog) write(e requestEntry) {
-	b, _ := json.Marshal(e)
-	b = append(b, '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f == nil {
-		return
-	}
-	if l.size+int64(len(b)) > maxRequestLog {
-		l.f.Close()
-		os.Rename(l.path, l.path+".1")
-		if l.open() != nil {
-			l.f = nil
-			return
-		}
-	}
-	n, _ := l.f.Write(b)
-	l.size += int64(n)
-}
-
-func (l *requestLog) Close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f != nil {
-		l.f.Close()
-		l.f = nil
-	}
 }

@@ -28,6 +28,11 @@ const (
 	LayerPolicy = "policy"
 	// LayerAudit is the audit write path itself: the `suppressed` summaries.
 	LayerAudit = "audit"
+	// LayerAPI is a request to the remote API (`nexus serve api`), not an egress decision:
+	// Token names the API token, Method, Path and Status the request, Rule the route it
+	// matched, IP the client. Its events live apart, on nexus.audit.api.<token> (APISubject),
+	// where the readers of egress decisions do not look (TailOptions.API).
+	LayerAPI = "api"
 )
 
 // RuleSuppressed is the rule of a summary event: Count events of the sandbox over its audit
@@ -64,6 +69,9 @@ type Event struct {
 	By     string `json:"by,omitempty"`
 	Before string `json:"before,omitempty"`
 	After  string `json:"after,omitempty"`
+	// Token is the name (never the secret) of the API token of a request (layer api); empty
+	// when the request had no valid token.
+	Token string `json:"token,omitempty"`
 	// Count > 1: this event stands for Count identical decisions (or, with rule suppressed,
 	// Count decisions not recorded one by one) made between First and Last.
 	Count int64      `json:"count,omitempty"`
@@ -101,6 +109,28 @@ func Subject(service, sandboxID string) string {
 // the last one at once (`nexus ps` flags a sandbox that keeps hitting its limit).
 func SuppressedSubject(service, sandboxID string) string {
 	return Subject(service, sandboxID) + "." + RuleSuppressed
+}
+
+// APIService is the service token of the remote API's request events.
+const APIService = "api"
+
+// APISubjects selects every API request event.
+const APISubjects = Prefix + "." + APIService + ".>"
+
+// APIKey is the last token of the subject of a request made with the API token named token
+// (nexus.audit.api.token-<name>; nexus.audit.api.anonymous without a valid one): one subject per
+// token, so that the stream's per-subject limit keeps each token's last requests whatever another
+// sends, and never a sandbox id (sb-…), so that a sandbox's filters never select it.
+func APIKey(token string) string {
+	if token == "" {
+		return "anonymous"
+	}
+	return subjectToken("token-" + token)
+}
+
+// IsAPISubject reports whether subject holds API request events rather than egress decisions.
+func IsAPISubject(subject string) bool {
+	return strings.HasPrefix(subject, Prefix+"."+APIService+".")
 }
 
 // SandboxSubjects are the filters that select every audit event of a sandbox, whatever service

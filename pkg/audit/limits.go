@@ -92,6 +92,7 @@ func clip(ev *Event) {
 	ev.Proto = clipString(ev.Proto, maxShortLen)
 	ev.IP = clipString(ev.IP, maxShortLen)
 	ev.Name = clipString(ev.Name, maxShortLen*2)
+	ev.Token = clipString(ev.Token, maxShortLen)
 }
 
 // clipString bounds s to n bytes of valid UTF-8 without control characters (replaced by '?'),

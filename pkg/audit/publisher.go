@@ -29,6 +29,7 @@ type Publisher struct {
 	lim     *limiter // nil: unlimited
 	spool   *spool   // nil: events live only in memory until acknowledged
 	stop    chan struct{}
+	key     func(Event) string // the last subject token; nil: the sandbox id
 }
 
 // Option configures a publisher.
@@ -36,6 +37,10 @@ type Option func(*Publisher)
 
 // WithLimits sets the per-sandbox limits (DefaultLimits otherwise; Unlimited for none).
 func WithLimits(l Limits) Option { return func(p *Publisher) { p.limits = l } }
+
+// WithKey files each event under nexus.audit.<service>.<key(ev)> instead of its sandbox id
+// (the API's requests: APIKey of the token).
+func WithKey(key func(Event) string) Option { return func(p *Publisher) { p.key = key } }
 
 type pubItem struct {
 	subject string
@@ -160,9 +165,13 @@ func (p *Publisher) write(ev Event, summary bool) {
 	if err != nil {
 		return
 	}
-	subject := Subject(p.service, ev.Sandbox)
+	key := ev.Sandbox
+	if p.key != nil {
+		key = p.key(ev)
+	}
+	subject := Subject(p.service, key)
 	if summary {
-		subject = SuppressedSubject(p.service, ev.Sandbox)
+		subject = SuppressedSubject(p.service, key)
 	}
 	p.enqueue(pubItem{subject: subject, id: nuid.Next(), data: data})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,6 +26,11 @@ type TailOptions struct {
 	Since     time.Time // zero: from the start of the stream
 	Denied    bool      // only denials
 	Follow    bool      // keep waiting for new events until ctx ends
+	// API selects the remote API's request events (layer api) instead of egress decisions;
+	// Tokens then narrows them to requests made with these API tokens (names). Sandboxes do
+	// not apply to them.
+	API    bool
+	Tokens []string
 }
 
 // Tail calls fn for every selected event in stream order: what is stored, then, with Follow,
@@ -40,8 +46,21 @@ func Tail(ctx context.Context, nc *nats.Conn, o TailOptions, fn func(Event) erro
 		// consumer only when it resets it), even for a reader that may not delete consumers.
 		cfg.InactiveThreshold = oneShotInactive
 	}
-	for _, id := range o.Sandboxes {
-		cfg.FilterSubjects = append(cfg.FilterSubjects, SandboxSubjects(id)...)
+	tokens := map[string]bool{}
+	switch {
+	case o.API && len(o.Tokens) == 0:
+		cfg.FilterSubjects = []string{APISubjects}
+	case o.API:
+		for _, t := range o.Tokens {
+			tokens[t] = true
+			if s := Subject(APIService, APIKey(t)); !slices.Contains(cfg.FilterSubjects, s) {
+				cfg.FilterSubjects = append(cfg.FilterSubjects, s)
+			}
+		}
+	default:
+		for _, id := range o.Sandboxes {
+			cfg.FilterSubjects = append(cfg.FilterSubjects, SandboxSubjects(id)...)
+		}
 	}
 	if !o.Since.IsZero() {
 		since := o.Since
@@ -75,11 +94,14 @@ func Tail(ctx context.Context, nc *nats.Conn, o TailOptions, fn func(Event) erro
 			return fmt.Errorf("audit: %w", err)
 		}
 		seen++
+		if IsAPISubject(m.Subject()) != o.API {
+			continue // an API request among egress decisions, or the other way round
+		}
 		var ev Event
 		if json.Unmarshal(m.Data(), &ev) != nil {
 			continue
 		}
-		if o.Denied && ev.Decision != Deny {
+		if o.Denied && ev.Decision != Deny || len(tokens) > 0 && !tokens[ev.Token] {
 			continue
 		}
 		if err := fn(ev); err != nil {

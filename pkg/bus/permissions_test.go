@@ -37,6 +37,7 @@ var permMatrix = []permCase{
 	{what: "write netstack audit events", subject: "nexus.audit.netstack.sb-1", body: `{}`, allowed: []string{bus.UserNetstack}},
 	{what: "write mitm audit events", subject: "nexus.audit.mitm.sb-1", body: `{}`, allowed: []string{bus.UserMITM}},
 	{what: "write gitrelay audit events", subject: "nexus.audit.gitrelay.sb-1", body: `{}`, allowed: []string{bus.UserGitrelay}},
+	{what: "write API request audit events", subject: "nexus.audit.api.token-x", body: `{}`, allowed: []string{bus.UserCLI}},
 	{what: "write legacy audit events", subject: "nexus.audit.egress.sb-1", body: `{}`},
 	{what: "write audit summaries of another service", subject: "nexus.audit.netstack.sb-1.suppressed", body: `{}`, allowed: []string{bus.UserNetstack}},
 	{what: "read the audit stream", subject: "$JS.API.CONSUMER.CREATE." + bus.StreamAudit, body: ephemeralConsumer, allowed: []string{bus.UserGateway, bus.UserCLI}},

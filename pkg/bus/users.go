@@ -79,6 +79,9 @@ func kvList(bucket string) []string {
 	return append(kvRead(bucket), "$JS.API.CONSUMER.DELETE.KV_"+bucket+".*")
 }
 
+// AuditAPI is the remote API's audit service token (audit.APIService): its request events.
+const AuditAPI = "api"
+
 // AuditPublish is what a service may publish audit events on: its own prefix only, so that no
 // service can write events in another's name (nexus.audit.<service>.<sandbox>).
 func AuditPublish(service string) string { return AuditPrefix + "." + service + ".>" }
@@ -149,8 +152,9 @@ func permissions(user, host string) *server.Permissions {
 	case UserCLI:
 		// The operator's reader of the audit stream (`nexus audit tail`, the MCP audit tool),
 		// which also removes the consumers it made there. nexus-why is the vmm's to call: the
-		// sandbox it names is the one whose channel the call came over.
-		perm := p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"},
+		// sandbox it names is the one whose channel the call came over. The remote API
+		// (`nexus serve api`) connects as cli and writes its request events under nexus.audit.api.>.
+		perm := p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*", AuditPublish(AuditAPI)},
 			kvWrite(KVLeases), streamRead(StreamAudit),
 			// `nexus hosts` reads the heartbeats; `nexus hosts drain` writes drain.<host>.
 			kvList(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
