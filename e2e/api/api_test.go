@@ -377,6 +377,32 @@ func TestAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("dockerfile build and image rm", func(t *testing.T) {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for name, body := range map[string]string{"Dockerfile": "FROM nexus-mini\nARG GREETING\nCOPY hello.txt /opt/hello.txt\nENV GREETING=$GREETING\n", "hello.txt": "hello from the context\n"} {
+			tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+			tw.Write([]byte(body))
+		}
+		tw.Close()
+		const tag = "api-built:1"
+		if r := call(t, read, "POST", "/v1/builds/"+tag, bytes.NewReader(buf.Bytes())); r.status != 403 {
+			t.Errorf("a build with a read token: %d %s", r.status, r.body)
+		}
+		r := must(t, call(t, write, "POST", "/v1/builds/"+tag+"?build_arg=GREETING%3Dhi", bytes.NewReader(buf.Bytes())), 200)
+		t.Cleanup(func() { stack.Nexus(t, "image", "rm", "--force", tag) })
+		if !strings.Contains(string(r.body), "api-built") || !strings.Contains(string(r.body), "GREETING=hi") {
+			t.Errorf("built: %s", r.body)
+		}
+		if r := call(t, read, "DELETE", "/v1/images/"+tag, nil); r.status != 403 {
+			t.Errorf("image rm with a read token: %d %s", r.status, r.body)
+		}
+		must(t, call(t, write, "DELETE", "/v1/images/"+tag, nil), 200)
+		if r := must(t, call(t, read, "GET", "/v1/images", nil), 200); strings.Contains(string(r.body), "api-built") {
+			t.Errorf("the removed image is still listed: %s", r.body)
+		}
+	})
+
 	t.Run("snapshot and fork", func(t *testing.T) {
 		must(t, call(t, write, "POST", boxPath+"/exec", jsonBody(map[string]any{"argv": []string{"sh", "-c", "printf from-parent > /root/origin"}})), 200)
 		var snap struct {

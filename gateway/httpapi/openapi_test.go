@@ -37,6 +37,7 @@ var queryParams = map[string][][3]string{
 	"GET /v1/audit":                          {{"sandbox", "*string", "sandbox name"}, {"denied", "boolean", "only denials"}, {"since", "string", "only decisions newer than this duration"}, {"follow", "boolean", "keep streaming new decisions (default true)"}, {"api", "boolean", "the API's request events instead of egress decisions (admin)"}, {"token", "*string", "with api: only requests made with this token"}},
 	"POST /v1/images/{image}/build":          {{"force", "boolean", "rebuild an existing image"}},
 	"DELETE /v1/images/{image}":              {{"force", "boolean", "remove it even if sandboxes use it"}},
+	"POST /v1/builds/{image}":                {{"file", "string", "the Dockerfile's path in the context (default Dockerfile)"}, {"build_arg", "*string", "NAME=VALUE"}, {"allow_host", "*string", "HOST[:PORT] the builder sandbox may reach"}, {"memory_mib", "integer", "memory of the builder sandbox"}, {"no_cache", "boolean", "build every step again"}},
 	"GET /v1/delegations/{sandbox}":          {{"commits", "integer", "how many recent commits (default 10, cap 100)"}},
 	"DELETE /v1/delegations/{sandbox}":       {{"force", "boolean", "discard uncommitted changes"}},
 }
@@ -50,6 +51,7 @@ var bodies = map[string][2]string{
 	"POST /v1/sandboxes/{name}/egress/explain": {"application/json", "method, url, body"},
 	"PUT /v1/sandboxes/{name}/files/content":   {"application/octet-stream", "the file's bytes"},
 	"PUT /v1/sandboxes/{name}/files/tar":       {"application/x-tar", "a tar archive"},
+	"POST /v1/builds/{image}":                  {"application/x-tar", "the build context as a tar archive, the Dockerfile in it"},
 	"POST /v1/sandboxes/{name}/egress/allow":   {"application/json", "host (HOST[:PORT,…]), for (a duration; empty: until revoked)"},
 	"POST /v1/sandboxes/{name}/egress/revoke":  {"application/json", "host"},
 	"POST /v1/sandboxes/{name}/egress/deny":    {"application/json", "host (a name, *.domain or an IPv4 address), for"},

@@ -72,6 +72,7 @@ var Routes = []route{
 	{"DELETE", "/v1/volumes/{sandbox}/{volume}", ScopeWrite, "Remove a stopped sandbox's volume", volumeRemove},
 	{"GET", "/v1/images", ScopeRead, "List images", imageList},
 	{"POST", "/v1/images/{image}/build", ScopeWrite, "Build (or rebuild with force) an image", imageOp("build")},
+	{"POST", "/v1/builds/{image}", ScopeWrite, "Build image NAME[:TAG] from a Dockerfile over an uploaded context, as nexus image build -f (a tar; file: the Dockerfile in it; build_arg: NAME=VALUE, repeatable; allow_host: repeatable; memory_mib; no_cache)", dockerBuild},
 	{"DELETE", "/v1/images/{image}", ScopeWrite, "Remove an image (force: even if sandboxes use it)", imageOp("rm")},
 	{"GET", "/v1/secrets", ScopeAdmin, "List the stored secrets' names and hosts (never values)", secretList},
 	{"PUT", "/v1/secrets/{secret}", ScopeAdmin, "Store a secret: {value or command, hosts}", secretSet},

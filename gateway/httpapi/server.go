@@ -31,6 +31,7 @@ import (
 
 	"github.com/IniZio/nexus/gateway/mcp"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/audit"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
@@ -49,6 +50,9 @@ type Config struct {
 	Version string
 	// Listener, when set, is used instead of listening on Addr (tests).
 	Listener net.Listener
+	// Build runs a Dockerfile build (`POST /v1/builds/{image}`) the way `nexus image build -f`
+	// does; nil: the route answers 503.
+	Build func(ctx context.Context, b DockerBuild) (vmmapi.ImageInfo, error)
 }
 
 // Service is the API server.
