@@ -318,6 +318,23 @@ func TestAPI(t *testing.T) {
 		if ex.Decision != "deny" {
 			t.Errorf("explain after revoke: %+v", ex)
 		}
+		must(t, call(t, write, "POST", boxPath+"/egress/deny", jsonBody(map[string]any{"host": "denied.example", "for": "10m"})), 200).decode(t, &ch)
+		if !strings.Contains(strings.Join(ch.After, " "), "!denied.example") {
+			t.Errorf("deny: %+v", ch)
+		}
+		// The audit stream's filters: the sandbox's policy changes, then only its denials.
+		sse := func(q string) string {
+			return string(must(t, call(t, read, "GET", "/v1/audit?follow=false&sandbox="+url.QueryEscape(box)+q, nil), 200).body)
+		}
+		testutil.WaitFor(t, 20*time.Second, func() error {
+			if all := sse("&since=1h"); !strings.Contains(all, `"host":"granted.example"`) || !strings.Contains(all, `"host":"denied.example"`) {
+				return fmt.Errorf("the sandbox's audit lacks its policy changes: %s", all)
+			}
+			return nil
+		})
+		if denied := sse("&denied=true"); !strings.Contains(denied, `"host":"denied.example"`) || strings.Contains(denied, `"decision":"allow"`) {
+			t.Errorf("audit with denied: %s", denied)
+		}
 	})
 
 	t.Run("mcp", func(t *testing.T) {
