@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"time"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/bus"
@@ -25,18 +24,7 @@ func hostLost(host string) string { return "host " + host + " lost" }
 
 // watchHosts runs checkHosts every HostCheckEvery until ctx ends.
 func (g *Service) watchHosts(ctx context.Context) {
-	t := time.NewTicker(HostCheckEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		g.checkHosts(cctx, g.hostStates(cctx))
-		cancel()
-	}
+	every(ctx, HostCheckEvery, func(ctx context.Context) { g.checkHosts(ctx, g.hostStates(ctx)) })
 }
 
 // checkHosts fails the running and paused sandboxes of every lost host with "host X lost",

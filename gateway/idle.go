@@ -53,7 +53,12 @@ func (g *Service) touch(id string) {
 
 // watchIdle sweeps every IdleSweepEvery until ctx ends.
 func (g *Service) watchIdle(ctx context.Context) {
-	t := time.NewTicker(IdleSweepEvery)
+	every(ctx, IdleSweepEvery, func(ctx context.Context) { g.sweepIdle(ctx, time.Now()) })
+}
+
+// every runs fn after each period d until ctx ends, each run under a 30 s deadline.
+func every(ctx context.Context, d time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -61,8 +66,8 @@ func (g *Service) watchIdle(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		g.sweepIdle(sctx, time.Now())
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		fn(rctx)
 		cancel()
 	}
 }
