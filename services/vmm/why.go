@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/IniZio/nexus/pkg/agentproto"
 	gwapi "github.com/IniZio/nexus/pkg/api/gateway"
 )
@@ -33,28 +35,16 @@ const (
 	whyDeadline = 10 * time.Second
 )
 
-// whyBudget is a token bucket: whyBurst calls, refilled at one per whyEvery.
+// whyBudget is whyBurst calls, refilled at one per whyEvery; its zero value is ready.
 type whyBudget struct {
-	mu     sync.Mutex
-	tokens float64
-	last   time.Time
+	once sync.Once
+	l    *rate.Limiter
 }
 
 // allow takes one call from the budget.
 func (b *whyBudget) allow(now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.last.IsZero() {
-		b.tokens = whyBurst
-	} else {
-		b.tokens = min(whyBurst, b.tokens+float64(now.Sub(b.last))/float64(whyEvery))
-	}
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	b.once.Do(func() { b.l = rate.NewLimiter(rate.Every(whyEvery), whyBurst) })
+	return b.l.AllowN(now, 1)
 }
 
 // whyCaller asks the gateway; a field so that tests can stand in for it.
