@@ -10,7 +10,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
+
+	"github.com/IniZio/nexus/pkg/home"
 )
 
 // A full disk is survived, not prevented (issue 19). While $NEXUS_HOME has no space JetStream's
@@ -82,7 +83,7 @@ func (s *Server) guardStore(failed *atomic.Bool, jsc server.JetStreamConfig) {
 			return
 		case <-t.C:
 		}
-		if !failed.Load() || freeSpace(s.home.Bus()) < storeRestartFree {
+		if !failed.Load() || !roomAgain(s.home) {
 			continue
 		}
 		failed.Store(false)
@@ -126,11 +127,8 @@ func jetStreamConfig(o *server.Options) server.JetStreamConfig {
 		SyncInterval: o.SyncInterval, SyncAlways: o.SyncAlways, Strict: !o.NoJetStreamStrict, CompressOK: true}
 }
 
-// freeSpace is what an unprivileged writer may still use on dir's filesystem (0 if unknown).
-func freeSpace(dir string) uint64 {
-	var st unix.Statfs_t
-	if unix.Statfs(dir, &st) != nil {
-		return 0
-	}
-	return st.Bavail * uint64(st.Bsize)
+// roomAgain says whether the home's filesystem has storeRestartFree free (false when it cannot tell).
+func roomAgain(h home.Dir) bool {
+	sp, err := h.Space()
+	return err == nil && sp.Free >= storeRestartFree
 }
