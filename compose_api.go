@@ -27,7 +27,7 @@ import (
 const apiName = "api"
 
 // runAPI serves the HTTP API at addr (the settings' --api, else its default), dialling the bus
-// at url (empty: the one the settings find) as user cli.
+// at url (empty: the one the settings find) as user api (bus.UserAPI), the one user that may write its request audit.
 func runAPI(ctx context.Context, g *cli.Global, url string) error {
 	addr := g.Settings.APIAddr
 	if addr == "" {
@@ -45,7 +45,7 @@ func runAPI(ctx context.Context, g *cli.Global, url string) error {
 			return runDockerBuild(ctx, g, busURL, b)
 		},
 		Dial: func(ctx context.Context) (*nats.Conn, error) {
-			cfg := g.Bus(bus.UserCLI)
+			cfg := g.Bus(bus.UserAPI)
 			cfg.Reconnect = true
 			if url != "" {
 				cfg.URL = url

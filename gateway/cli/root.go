@@ -40,7 +40,7 @@ type Global struct {
 // Bus is how this command dials the bus as user.
 func (g *Global) Bus(user string) bus.ConnectConfig {
 	return bus.ConnectConfig{Home: g.Home, User: user, URL: g.Settings.BusURL, Port: g.Settings.BusPort, Log: g.Log,
-		Watch: user == bus.UserCLI} // a CLI call learns at once when the service it waits for is gone
+		Watch: user == bus.UserCLI || user == bus.UserAPI} // a CLI or API call learns at once when the service it waits for is gone
 }
 
 // NewRoot builds the root command with every CLI command; main adds up and serve.

@@ -73,7 +73,7 @@ func newFixture(t *testing.T, edit ...func(*Config)) *fixture {
 	}))
 	cfg := Config{Addr: "127.0.0.1:0", Home: b.Home, Log: zerolog.Nop(), Version: "test",
 		Dial: func(ctx context.Context) (*nats.Conn, error) {
-			return bus.Connect(ctx, bus.ConnectConfig{Home: b.Home, User: bus.UserCLI, URL: b.URL})
+			return bus.Connect(ctx, bus.ConnectConfig{Home: b.Home, User: bus.UserAPI, URL: b.URL})
 		}}
 	for _, e := range edit {
 		e(&cfg)

@@ -43,7 +43,7 @@ type Config struct {
 	Addr            string
 	TLSCert, TLSKey string
 	Home            home.Dir
-	// Dial connects to the bus as user cli; the server dials once for itself and once for
+	// Dial connects to the bus as user api (bus.UserAPI); the server dials once for itself and once for
 	// its MCP server.
 	Dial    func(ctx context.Context) (*nats.Conn, error)
 	Log     zerolog.Logger

@@ -38,7 +38,7 @@ var contracts = []contract{
 	{"netstack", netapi.Endpoints, bus.UserNetstack, []string{bus.UserGateway}},
 	{"vmm", vmmapi.Endpoints, bus.UserVMM, []string{bus.UserGateway}},
 	{"portfwd", portfwdapi.Endpoints, bus.UserPortfwd, []string{bus.UserGateway}},
-	{"gateway", gwapi.Endpoints, bus.UserGateway, []string{bus.UserCLI}},
+	{"gateway", gwapi.Endpoints, bus.UserGateway, []string{bus.UserCLI, bus.UserAPI}},
 }
 
 // callersOf names the endpoints whose callers are not their contract's.

@@ -13,8 +13,8 @@ func init() {
 	permMatrix = append(permMatrix,
 		permCase{what: "heartbeat its own host", subject: "$KV." + bus.KVHosts + "." + bus.LocalHost, body: `{}`, allowed: []string{bus.UserVMM}},
 		permCase{what: "heartbeat another host", subject: "$KV." + bus.KVHosts + ".other", body: `{}`},
-		permCase{what: "drain a host", subject: "$KV." + bus.KVHosts + ".drain.other", body: `x`, allowed: []string{bus.UserCLI}},
-		permCase{what: "read host heartbeats", subject: kvGet(bus.KVHosts), allowed: []string{bus.UserGateway, bus.UserCLI}},
+		permCase{what: "drain a host", subject: "$KV." + bus.KVHosts + ".drain.other", body: `x`, allowed: []string{bus.UserCLI, bus.UserAPI}},
+		permCase{what: "read host heartbeats", subject: kvGet(bus.KVHosts), allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
 	)
 }
 

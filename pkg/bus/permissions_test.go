@@ -37,13 +37,13 @@ var permMatrix = []permCase{
 	{what: "write netstack audit events", subject: "nexus.audit.netstack.sb-1", body: `{}`, allowed: []string{bus.UserNetstack}},
 	{what: "write mitm audit events", subject: "nexus.audit.mitm.sb-1", body: `{}`, allowed: []string{bus.UserMITM}},
 	{what: "write gitrelay audit events", subject: "nexus.audit.gitrelay.sb-1", body: `{}`, allowed: []string{bus.UserGitrelay}},
-	{what: "write API request audit events", subject: "nexus.audit.api.token-x", body: `{}`, allowed: []string{bus.UserCLI}},
+	{what: "write API request audit events", subject: "nexus.audit.api.token-x", body: `{}`, allowed: []string{bus.UserAPI}},
 	{what: "write legacy audit events", subject: "nexus.audit.egress.sb-1", body: `{}`},
 	{what: "write audit summaries of another service", subject: "nexus.audit.netstack.sb-1.suppressed", body: `{}`, allowed: []string{bus.UserNetstack}},
-	{what: "read the audit stream", subject: "$JS.API.CONSUMER.CREATE." + bus.StreamAudit, body: ephemeralConsumer, allowed: []string{bus.UserGateway, bus.UserCLI}},
-	{what: "get an audit message", subject: "$JS.API.STREAM.MSG.GET." + bus.StreamAudit, body: `{"seq":1}`, allowed: []string{bus.UserGateway, bus.UserCLI}},
+	{what: "read the audit stream", subject: "$JS.API.CONSUMER.CREATE." + bus.StreamAudit, body: ephemeralConsumer, allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
+	{what: "get an audit message", subject: "$JS.API.STREAM.MSG.GET." + bus.StreamAudit, body: `{"seq":1}`, allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
 	{what: "subscribe to live audit events", subject: "nexus.audit.>", sub: true},
-	{what: "delete an audit reader", subject: "$JS.API.CONSUMER.DELETE." + bus.StreamAudit + ".victim", allowed: []string{bus.UserCLI}},
+	{what: "delete an audit reader", subject: "$JS.API.CONSUMER.DELETE." + bus.StreamAudit + ".victim", allowed: []string{bus.UserCLI, bus.UserAPI}},
 	{what: "purge the audit stream", subject: "$JS.API.STREAM.PURGE." + bus.StreamAudit},
 	{what: "delete the audit stream", subject: "$JS.API.STREAM.DELETE." + bus.StreamAudit},
 	{what: "reconfigure the audit stream", subject: "$JS.API.STREAM.UPDATE." + bus.StreamAudit, body: `{}`},
@@ -61,8 +61,8 @@ var permMatrix = []permCase{
 	{what: "write port forwards", subject: "$KV." + bus.KVPorts + ".somekey", body: `{}`, allowed: []string{bus.UserPortfwd}},
 	{what: "read snapshots", subject: kvGet(bus.KVSnapshots), allowed: []string{bus.UserGateway}},
 	{what: "write snapshots", subject: "$KV." + bus.KVSnapshots + ".somekey", body: `{}`, allowed: []string{bus.UserGateway}},
-	{what: "read leases", subject: kvGet(bus.KVLeases), allowed: []string{bus.UserGateway, bus.UserCLI}},
-	{what: "write leases", subject: "$KV." + bus.KVLeases + ".somekey", body: `{}`, allowed: []string{bus.UserGateway, bus.UserCLI}},
+	{what: "read leases", subject: kvGet(bus.KVLeases), allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
+	{what: "write leases", subject: "$KV." + bus.KVLeases + ".somekey", body: `{}`, allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
 	{what: "purge a bucket", subject: "$JS.API.STREAM.PURGE.KV_" + bus.KVSandboxes},
 	// Account-wide JetStream.
 	{what: "list streams", subject: "$JS.API.STREAM.NAMES", body: `{}`},
@@ -94,7 +94,7 @@ func TestPermissionMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin.Flush()
-	users := []string{bus.UserGateway, bus.UserVMM, bus.UserNetstack, bus.UserMITM, bus.UserCredbroker, bus.UserGitrelay, bus.UserPortfwd, bus.UserCLI}
+	users := []string{bus.UserGateway, bus.UserVMM, bus.UserNetstack, bus.UserMITM, bus.UserCredbroker, bus.UserGitrelay, bus.UserPortfwd, bus.UserCLI, bus.UserAPI}
 	for _, u := range users {
 		t.Run(u, func(t *testing.T) {
 			creds, err := bus.LoadCreds(b.Home.BusCreds(), u)

@@ -27,6 +27,7 @@ const (
 	UserGitrelay   = "gitrelay"
 	UserPortfwd    = "portfwd"
 	UserCLI        = "cli" // the nexus CLI and the MCP server: the gateway's API only
+	UserAPI        = "api" // the remote HTTP API (`nexus serve api`): the CLI's rights, and its request audit
 )
 
 // Services is the one list of nexus services, in start order, the bus first; each connects to
@@ -34,8 +35,8 @@ const (
 // Procfile one per process (a test checks it), and `nexus status` expects every one.
 var Services = []string{UserBus, UserGateway, UserVMM, UserNetstack, UserMITM, UserCredbroker, UserGitrelay, UserPortfwd}
 
-// Users lists every bus user: the services, ops' admin and the CLI.
-var Users = append(append([]string{UserAdmin}, Services...), UserCLI)
+// Users lists every bus user: the services, ops' admin, the CLI and the remote API.
+var Users = append(append([]string{UserAdmin}, Services...), UserCLI, UserAPI)
 
 // Creds is one user's credentials file.
 type Creds struct {
@@ -149,13 +150,17 @@ func permissions(user, host string) *server.Permissions {
 	case UserPortfwd:
 		return p(join([]string{EventsPrefix + ".ports.>", "$SRV.>"}, kvWrite(KVPorts), streamRead(StreamEvents)),
 			[]string{PortfwdAPI.OnHost(host), EventsPrefix + ".>", "$SRV.>"})
-	case UserCLI:
+	case UserCLI, UserAPI:
 		// The operator's reader of the audit stream (`nexus audit tail`, the MCP audit tool),
 		// which also removes the consumers it made there. nexus-why is the vmm's to call: the
 		// sandbox it names is the one whose channel the call came over. The remote API
-		// (`nexus serve api`) connects as cli and writes its request events under nexus.audit.api.>.
-		perm := p(join([]string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*", AuditPublish(AuditAPI)},
-			kvWrite(KVLeases), streamRead(StreamAudit),
+		// (`nexus serve api`) serves the same calls over HTTP, and only it writes the request
+		// events under nexus.audit.api.>: no CLI can put a request in a token's name.
+		pub := []string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"}
+		if user == UserAPI {
+			pub = append(pub, AuditPublish(AuditAPI))
+		}
+		perm := p(join(pub, kvWrite(KVLeases), streamRead(StreamAudit),
 			// `nexus hosts` reads the heartbeats; `nexus hosts drain` writes drain.<host>.
 			kvList(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
 			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
