@@ -195,6 +195,13 @@ re-adopts them (ps, exec, logs work again as before). ` + "`nexus down --all`" +
 				return cli.StartupError(err)
 			}
 			defer srv.Shutdown()
+			// A cluster node's services open the store as they start: wait for its quorum.
+			if err := srv.WaitStore(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return cli.StartupError(err)
+			}
 			grp, gctx := errgroup.WithContext(ctx)
 			names := []string{"bus"}
 			users := bus.HostUsers(g.Home)

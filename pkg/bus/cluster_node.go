@@ -117,6 +117,47 @@ func (s *Server) clusterLoop(ctx context.Context) {
 	}
 }
 
+// WaitStore returns once the bus's JetStream store serves every bucket and stream
+// (StoreReady), for the services that open them as they start. A single-host bus has its store
+// before StartServer returns. A cluster node has none until a quorum of the cluster's nodes is
+// up and the meta leader has set it up, which may be long after this node started (its peers
+// start when their operators start them, and the first node must answer their joins
+// meanwhile); it says every ten seconds what it waits for, until ctx ends.
+func (s *Server) WaitStore(ctx context.Context) error {
+	if s.cluster == nil {
+		return nil
+	}
+	nc, err := Connect(ctx, ConnectConfig{Home: s.home, User: UserBus, URL: s.url, Log: s.log, Reconnect: true})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	waitingSince := time.Now()
+	for n := 0; ; n++ {
+		sctx, cancel := StoreContext(ctx)
+		err := StoreReady(sctx, nc)
+		cancel()
+		if err == nil {
+			if n > 0 {
+				s.log.Info().Dur("waited", time.Since(waitingSince).Round(time.Second)).Msg("cluster: the store serves; starting the services")
+			}
+			return nil
+		}
+		if n%10 == 0 {
+			s.log.Warn().Int("nodes", len(s.ns.JetStreamClusterPeers())).
+				Msg("cluster: waiting for a quorum of the cluster's bus nodes (two of three) before starting the services")
+		}
+		if !s.next(ctx, tick) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return errors.New("bus: stopped while waiting for the cluster's store")
+		}
+	}
+}
+
 // next waits for tick; false once the server stops or ctx ends.
 func (s *Server) next(ctx context.Context, tick *time.Ticker) bool {
 	select {

@@ -70,6 +70,9 @@ func TestClusterOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Close()
+	if err := single.WaitStore(ctx); err != nil {
+		t.Fatalf("WaitStore on a single-host bus: %v", err)
+	}
 	single.Shutdown()
 
 	// Without a cluster, nothing listens beyond loopback.
@@ -84,6 +87,13 @@ func TestClusterOfThree(t *testing.T) {
 	}
 	a := startNode(t, ha)
 	defer a.Shutdown()
+	// Alone, the first node has no quorum: its store does not serve, so `nexus up` waits
+	// before it starts the services (which would fail to open their buckets).
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	if err := a.WaitStore(wctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitStore on a lone cluster node: %v, want it still waiting at its deadline", err)
+	}
+	wcancel()
 	clA, _, _ := bus.LoadCluster(ha)
 	_, token, err := bus.CreateToken(ha, []string{clA.ClientURL()}, time.Hour)
 	if err != nil {
@@ -113,6 +123,11 @@ func TestClusterOfThree(t *testing.T) {
 	defer b.Shutdown()
 	c := startNode(t, hc)
 	defer c.Shutdown()
+	for _, n := range []*bus.Server{a, c} {
+		if err := n.WaitStore(ctx); err != nil {
+			t.Fatalf("WaitStore with three nodes: %v", err)
+		}
+	}
 
 	admin, err := bus.Connect(ctx, bus.ConnectConfig{Home: ha, User: bus.UserAdmin, URL: a.URL()})
 	if err != nil {

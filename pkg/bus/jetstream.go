@@ -35,18 +35,30 @@ func EnsureJetStream(ctx context.Context, nc *nats.Conn, replicas int) error {
 		}
 		return max(replicas, 1)
 	}
+	buckets, streams := storeConfig()
+	for _, b := range buckets {
+		b.Replicas = keep("KV_" + b.Bucket)
+		if _, err := js.CreateOrUpdateKeyValue(ctx, b); err != nil {
+			return fmt.Errorf("jetstream: bucket %s: %w", b.Bucket, err)
+		}
+	}
+	for _, s := range streams {
+		s.Replicas = keep(s.Name)
+		if _, err := js.CreateOrUpdateStream(ctx, s); err != nil {
+			return fmt.Errorf("jetstream: stream %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// storeConfig is every bucket and stream nexus uses, their replica counts left unset.
+func storeConfig() ([]jetstream.KeyValueConfig, []jetstream.StreamConfig) {
 	buckets := []jetstream.KeyValueConfig{
 		{Bucket: KVSandboxes, Description: "sandbox registry", History: 5, Storage: jetstream.FileStorage},
 		{Bucket: KVPorts, Description: "port forwards", History: 1, Storage: jetstream.FileStorage},
 		{Bucket: KVSnapshots, Description: "snapshots", History: 1, Storage: jetstream.FileStorage},
 		{Bucket: KVHosts, Description: "host heartbeats and drains", History: 1, Storage: jetstream.FileStorage},
 		{Bucket: KVLeases, Description: "caller leases of ephemeral sandboxes", History: 1, TTL: LeaseTTL, Storage: jetstream.FileStorage},
-	}
-	for _, b := range buckets {
-		b.Replicas = keep("KV_" + b.Bucket)
-		if _, err := js.CreateOrUpdateKeyValue(ctx, b); err != nil {
-			return fmt.Errorf("jetstream: bucket %s: %w", b.Bucket, err)
-		}
 	}
 	streams := []jetstream.StreamConfig{
 		{
@@ -63,10 +75,27 @@ func EnsureJetStream(ctx context.Context, nc *nats.Conn, replicas int) error {
 			MaxAge: 7 * 24 * time.Hour, MaxBytes: 256 << 20,
 		},
 	}
-	for _, s := range streams {
-		s.Replicas = keep(s.Name)
-		if _, err := js.CreateOrUpdateStream(ctx, s); err != nil {
-			return fmt.Errorf("jetstream: stream %s: %w", s.Name, err)
+	return buckets, streams
+}
+
+// StoreReady reports whether every bucket and stream of EnsureJetStream exists and answers: on
+// a cluster node, once a quorum of nodes is up and the meta leader has set the store up.
+func StoreReady(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	buckets, streams := storeConfig()
+	names := make([]string, 0, len(buckets)+len(streams))
+	for _, b := range buckets {
+		names = append(names, "KV_"+b.Bucket)
+	}
+	for _, st := range streams {
+		names = append(names, st.Name)
+	}
+	for _, n := range names {
+		if _, err := js.Stream(ctx, n); err != nil {
+			return fmt.Errorf("jetstream: %s: %w", n, err)
 		}
 	}
 	return nil
