@@ -249,7 +249,10 @@ func (c *Canary) listen(cfg CanaryConfig) error {
 
 // inNetns runs fn on an OS thread switched into the namespace, then switches it back. If the
 // switch back fails the thread is left locked, so the runtime discards it.
-func (c *Canary) inNetns(fn func() error) error {
+func (c *Canary) inNetns(fn func() error) error { return inNetns(c.Name, fn) }
+
+// inNetns runs fn on an OS thread switched into the named namespace (see Canary.inNetns).
+func inNetns(name string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -259,14 +262,14 @@ func (c *Canary) inNetns(fn func() error) error {
 			return
 		}
 		defer self.Close()
-		target, err := os.Open(filepath.Join("/run/netns", c.Name))
+		target, err := os.Open(filepath.Join("/run/netns", name))
 		if err != nil {
 			errc <- err
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", c.Name, err)
+			errc <- fmt.Errorf("setns %s: %w", name, err)
 			return
 		}
 		ferr := fn()

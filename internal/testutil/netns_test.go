@@ -1,10 +1,13 @@
 package testutil
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,5 +86,80 @@ func TestListeners(t *testing.T) {
 	}
 	if !sawLo || !sawAll {
 		t.Fatalf("Listeners = %v: want %s and [::]:%d", ls, lo.Addr(), all.Addr().(*net.TCPAddr).Port)
+	}
+}
+
+func TestLANHostsReachOnlyEachOther(t *testing.T) {
+	l := NewLAN(t, 2)
+	var ln net.Listener
+	if err := l.InHost(1, func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(l.Hosts[1].Addr, 0).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host 2\n"))
+			c.Close()
+		}
+	}()
+	var got []byte
+	if err := l.InHost(0, func() error {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		got, err = io.ReadAll(c)
+		return err
+	}); err != nil {
+		t.Fatalf("host 1 cannot reach host 2: %v", err)
+	}
+	if string(got) != "host 2\n" {
+		t.Fatalf("host 1 read %q from host 2", got)
+	}
+	// The bridge has no address here: the hosts' network is out of this namespace's reach.
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatalf("the test's own namespace reached host 2 at %s", ln.Addr())
+	}
+
+	sleeper := exec.Command("nsenter", "--net=/run/netns/"+l.Hosts[0].Netns, "--", "sleep", "300")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- sleeper.Wait() }()
+	WaitFor(t, 10*time.Second, func() error {
+		pids, err := l.Pids(0)
+		if err != nil || !slices.Contains(pids, sleeper.Process.Pid) {
+			return fmt.Errorf("pids of host 1: %v %v, want %d among them", pids, err, sleeper.Process.Pid)
+		}
+		return nil
+	})
+	if n, err := l.KillHost(0); err != nil || n != 1 {
+		t.Fatalf("KillHost = %d, %v; want the one sleep killed", n, err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process of host 1 still runs after KillHost")
+	}
+	if pids, _ := l.Pids(1); len(pids) != 0 {
+		t.Fatalf("host 2 has processes %v", pids)
+	}
+	names := []string{l.Hosts[0].Netns, l.Hosts[1].Netns}
+	l.Close()
+	for _, n := range names {
+		if _, err := os.Stat("/run/netns/" + n); err == nil {
+			t.Errorf("namespace %s still there after Close", n)
+		}
 	}
 }

@@ -135,6 +135,8 @@ type Stack struct {
 	Env     []string
 	URL     string
 	upArgs  []string // flags of `nexus up` besides the log level
+	netns   string   // the network namespace every command of the stack runs in; "": the caller's
+	ready   func(*Stack) error
 	cmd     *exec.Cmd
 	log     *bytes.Buffer
 	logFile *os.File
@@ -157,11 +159,49 @@ func StartStack(extra ...string) (*Stack, error) {
 // StartStackOf is StartStack with the nexus and nexus-agent binaries of dir (another build's,
 // for an upgrade test).
 func StartStackOf(bin string, extra ...string) (*Stack, error) {
+	s, err := NewStack(StackOptions{Bin: bin, Extra: extra})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// StackOptions shape NewStack.
+type StackOptions struct {
+	// Bin is the directory of the nexus and nexus-agent binaries; empty: Binaries().
+	Bin string
+	// Netns is a network namespace (ip netns, see NewLAN) that `nexus up` and every CLI command
+	// of the stack run in, through nsenter(1) (which leaves the mounts, /sys/fs/cgroup among
+	// them, as they are). URL and Connect then name the namespace's loopback, out of the test
+	// process's reach: run the CLI (Nexus) instead. Empty: the test's own namespace.
+	Netns string
+	// Ready says when Start has waited long enough; nil: once `nexus status` exits 0.
+	Ready func(*Stack) error
+	// Extra are flags of `nexus up` and K=V environment entries, as for StartStack.
+	Extra []string
+}
+
+// NewStack prepares a stack (its temp HOME and NEXUS_HOME, its environment) without starting
+// it, so that the CLI can set its home up first (nexus cluster init or join, say); Start
+// starts it. The caller stops it with Stop.
+func NewStack(o StackOptions) (*Stack, error) {
+	bin := o.Bin
+	if bin == "" {
+		b, err := Binaries()
+		if err != nil {
+			return nil, err
+		}
+		bin = b
+	}
 	root, err := os.MkdirTemp("", "nexus-stack-")
 	if err != nil {
 		return nil, err
 	}
-	s := &Stack{Root: root, Home: home.Dir(filepath.Join(root, "nexus")), Bin: filepath.Join(bin, "nexus")}
+	s := &Stack{Root: root, Home: home.Dir(filepath.Join(root, "nexus")), Bin: filepath.Join(bin, "nexus"), netns: o.Netns, ready: o.Ready}
+	extra := o.Extra
 	hh := filepath.Join(root, "home")
 	os.MkdirAll(hh, 0o700)
 	port, err := freePort()
@@ -191,10 +231,19 @@ func StartStackOf(bin string, extra ...string) (*Stack, error) {
 		}
 	}
 	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", port)
-	if err := s.start(); err != nil {
-		return nil, err
-	}
 	return s, nil
+}
+
+// Start starts `nexus up` of a stack from NewStack and waits until it is ready.
+func (s *Stack) Start() error { return s.start() }
+
+// command is an exec.Cmd running the nexus binary with args, in the stack's namespace.
+func (s *Stack) command(ctx context.Context, args ...string) *exec.Cmd {
+	if s.netns == "" {
+		return exec.CommandContext(ctx, s.Bin, args...)
+	}
+	// nsenter execs nexus in place, so the process (and its pid) is nexus itself.
+	return exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + filepath.Join("/run/netns", s.netns), "--", s.Bin}, args...)...)
 }
 
 func (s *Stack) start() error {
@@ -205,7 +254,7 @@ func (s *Stack) start() error {
 			s.logFile, _ = os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		}
 	}
-	s.cmd = exec.Command(s.Bin, append([]string{"up", "--log-level", "debug"}, s.upArgs...)...)
+	s.cmd = s.command(context.Background(), append([]string{"up", "--log-level", "debug"}, s.upArgs...)...)
 	s.cmd.Env = s.Env
 	s.cmd.Stdout, s.cmd.Stderr = (*lockedWriter)(s), (*lockedWriter)(s)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -220,6 +269,9 @@ func (s *Stack) start() error {
 		case <-s.done:
 			return errors.New("nexus up exited")
 		default:
+		}
+		if s.ready != nil {
+			return s.ready(s)
 		}
 		_, _, code := s.run(context.Background(), nil, "status")
 		if code != 0 {
@@ -280,6 +332,10 @@ func (s *Stack) Restart() error { return s.start() }
 func (s *Stack) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if s.cmd == nil { // prepared by NewStack, never started
+		os.RemoveAll(s.Root)
+		return
+	}
 	s.run(ctx, nil, "rm", "--force", "-l", "nexus-test")
 	out, _, _ := s.run(ctx, nil, "ps", "-a", "--json")
 	_ = out
@@ -334,7 +390,7 @@ func (s *Stack) MustNexus(t testing.TB, args ...string) string {
 }
 
 func (s *Stack) run(ctx context.Context, stdin []byte, args ...string) (string, string, int) {
-	cmd := exec.CommandContext(ctx, s.Bin, args...)
+	cmd := s.command(ctx, args...)
 	cmd.Env = s.Env
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -357,7 +413,7 @@ func (s *Stack) run(ctx context.Context, stdin []byte, args ...string) (string, 
 
 // Command returns an exec.Cmd for the CLI with the stack's environment (for pty tests).
 func (s *Stack) Command(args ...string) *exec.Cmd {
-	cmd := exec.Command(s.Bin, args...)
+	cmd := s.command(context.Background(), args...)
 	cmd.Env = s.Env
 	return cmd
 }
