@@ -218,9 +218,11 @@ func NewStack(o StackOptions) (*Stack, error) {
 	}
 	s.Env = append(env, "HOME="+hh, "NEXUS_HOME="+string(s.Home), "NEXUS_BUS_PORT="+strconv.Itoa(port), "NEXUS_CACHE="+CacheDir())
 	if os.Getenv("NEXUS_TEMPLATES") == "" {
-		// Test stacks boot cold unless a package asks for templates (WarmCreate): a template
-		// built in the background would share the 2 CI cores with what a test times or counts
-		// (QEMUs per home, cgroups, kill points). Later entries win, so an extra can turn it on.
+		// Test stacks boot cold unless a package asks for templates (Warm, WarmCreate), as
+		// most do: e2e/crash stays cold, since a template built in the background would share
+		// the 2 CI cores with what it counts (QEMUs per home, kill points), and so do packages
+		// with one or two creates of a shape, where the template's build costs what it saves.
+		// Later entries win, so an extra can turn it on.
 		s.Env = append(s.Env, "NEXUS_TEMPLATES=false")
 	}
 	for _, e := range extra {
@@ -456,6 +458,11 @@ func (f *Fixture) Env(kv ...string) { f.env = append(f.env, kv...) }
 
 // WarmCreate turns on templates and warm create (off in test stacks unless asked for).
 func (f *Fixture) WarmCreate() { f.Env("NEXUS_TEMPLATES=true") }
+
+// Warm is the Option of Main that turns on warm create (Fixture.WarmCreate), the product's
+// default: the first create of each shape boots cold and builds its template, later ones
+// restore it. A test that needs a cold boot passes --cold.
+func Warm() Option { return Setup(func(f *Fixture) error { f.WarmCreate(); return nil }) }
 
 // Flags adds flags of `nexus up` ("--resolve=host=addr", "--extra-ca=file").
 func (f *Fixture) Flags(args ...string) { f.flags = append(f.flags, args...) }
