@@ -390,11 +390,12 @@ func (b *boot) killVM() {
 	b.m.teardown()
 }
 
-// dialAgent waits for the guest agent's handshake.
+// dialAgent waits for the guest agent's handshake. A restored guest (a fork, a warm create) was
+// saved while its agent served a host, so its port is open from the start.
 func (b *boot) dialAgent(ctx context.Context) error {
 	ctx, cancel := context.WithDeadline(ctx, b.deadline)
 	defer cancel()
-	agent, err := b.s.dialAgent(ctx, b.m)
+	agent, err := b.s.dialAgent(ctx, b.m, b.snapshot != "")
 	if err != nil {
 		return err
 	}

@@ -46,8 +46,9 @@ func (s *Service) start(ctx context.Context, r api.StartRequest) (api.StartRespo
 }
 
 // dialAgent waits for the agent to answer on the virtio-serial channel, failing early if QEMU
-// exits (a kernel panic under panic=-1 ends QEMU).
-func (s *Service) dialAgent(ctx context.Context, m *machine) (*guest.Client, error) {
+// exits (a kernel panic under panic=-1 ends QEMU). portOpen: the guest has its port open already
+// (restored or adopted), see guest.Config.
+func (s *Service) dialAgent(ctx context.Context, m *machine, portOpen bool) (*guest.Client, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -57,7 +58,7 @@ func (s *Service) dialAgent(ctx context.Context, m *machine) (*guest.Client, err
 		case <-ctx.Done():
 		}
 	}()
-	c, err := guest.DialConfig(ctx, hypervisor.AgentSocket(m.dir), guest.Config{Logger: zerolog.Nop(), PortOpened: m.vm.AgentPortOpened(ctx)})
+	c, err := guest.DialConfig(ctx, hypervisor.AgentSocket(m.dir), guest.Config{Logger: zerolog.Nop(), PortOpened: m.vm.AgentPortOpened(ctx), PortOpen: portOpen})
 	if err != nil {
 		if m.vm.Exited() {
 			return nil, fmt.Errorf("the VM exited during boot: %s", tail(hypervisor.ConsoleLog(m.dir), 400))
@@ -325,7 +326,7 @@ func (s *Service) wake(ctx context.Context, m *machine) error {
 		return nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	agent, err := s.dialAgent(dctx, m)
+	agent, err := s.dialAgent(dctx, m, true) // the guest served the vmm that adopted it
 	cancel()
 	if err != nil {
 		reason := "the guest agent did not answer after the VM was resumed; the VM was stopped"

@@ -37,13 +37,14 @@ func checkTrustCA(ca *agentproto.TrustCA) error {
 }
 
 // InstallCA writes ca under root (the guest's / in the agent) and appends it to the system bundle
-// unless a nexus CA is already there (a restarted guest keeps the one it has).
+// unless a nexus CA is already there (a restarted guest keeps the one it has). Neither write is
+// synced: configure installs the CA on every boot, before anything runs (see SetMachineID).
 func InstallCA(root string, ca agentproto.TrustCA) error {
 	dst := filepath.Join(root, filepath.FromSlash(ca.Path))
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return fmt.Errorf("configure: trust_ca: %w", err)
 	}
-	if err := atomicfile.WriteFile(dst, ca.PEM, 0o644); err != nil {
+	if err := atomicfile.Replace(dst, ca.PEM, 0o644); err != nil {
 		return fmt.Errorf("configure: trust_ca: %w", err)
 	}
 	bundle := filepath.Join(root, filepath.FromSlash(agentproto.SystemCABundle))
@@ -65,7 +66,7 @@ func InstallCA(root string, ca agentproto.TrustCA) error {
 	if err := os.MkdirAll(filepath.Dir(bundle), 0o755); err != nil {
 		return fmt.Errorf("configure: trust_ca: %w", err)
 	}
-	if err := atomicfile.WriteFile(bundle, b.Bytes(), 0o644); err != nil {
+	if err := atomicfile.Replace(bundle, b.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("configure: trust_ca: %w", err)
 	}
 	return nil

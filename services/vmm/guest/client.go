@@ -38,6 +38,12 @@ type Config struct {
 	// VSERPORT_CHANGE event): the attempt in flight, whose hello was sent into a closed port and
 	// lost, is dropped and a new one starts at once instead of waiting out its deadline.
 	PortOpened <-chan struct{}
+	// PortOpen says the guest's end of the channel is open already: a VM restored from a
+	// snapshot or template taken while its agent served a host, or one resumed after a vmm
+	// restart. No hello is lost then, so the first attempt already waits openedAttempt: cut
+	// short, it throws away the answer a guest just restored (cold code caches, TCG on a loaded
+	// host) was about to give, and each retry breaks the session the guest had just started.
+	PortOpen bool
 }
 
 // Client is one yamux session with a guest agent. It is safe for concurrent use: every call opens
@@ -69,7 +75,10 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 func DialConfig(ctx context.Context, path string, cfg Config) (*Client, error) {
 	attempt := 250 * time.Millisecond
 	var last error
-	opened := false // QEMU said the guest opened its port: a hello sent now is heard
+	opened := cfg.PortOpen // the guest's port is open: a hello sent now is heard
+	if opened {
+		attempt = openedAttempt
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			if last != nil {
