@@ -43,6 +43,10 @@ func Binaries() (string, error) {
 			return
 		}
 		dir, err := os.MkdirTemp("", "nexus-bin-")
+		if err == nil {
+			// 0755 as bin/ is: the vmm runs nexus as another user (virtiofsd as a share's owner).
+			err = os.Chmod(dir, 0o755)
+		}
 		if err != nil {
 			buildOnce.err = err
 			return
@@ -91,6 +95,9 @@ func FailpointBinaries() (string, error) {
 			return
 		}
 		dir, err := os.MkdirTemp("", "nexus-failpoints-")
+		if err == nil {
+			err = os.Chmod(dir, 0o755)
+		}
 		if err != nil {
 			failpointOnce.err = err
 			return
