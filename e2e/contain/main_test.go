@@ -28,7 +28,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	testutil.Main(m, &stack,
+	testutil.Main(m, &stack, testutil.Warm(),
 		testutil.Setup(func(f *testutil.Fixture) error {
 			if os.Geteuid() != 0 {
 				return fmt.Errorf("the contain tests mount a loop device as the home: run them as root")

@@ -12,4 +12,4 @@ import (
 
 var stack *testutil.Stack
 
-func TestMain(m *testing.M) { testutil.Main(m, &stack) }
+func TestMain(m *testing.M) { testutil.Main(m, &stack, testutil.Warm()) }
