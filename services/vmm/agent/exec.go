@@ -465,18 +465,46 @@ func unwrapPathErr(err error) error {
 	return err
 }
 
-// lookupUser resolves "name", "uid", "name:group" or "uid:gid".
+// userDB is where user and group names are looked up: the guest's /etc/passwd and /etc/group
+// (os/user), or a test's table.
+type userDB struct {
+	lookup      func(name string) (*user.User, error)
+	lookupID    func(uid string) (*user.User, error)
+	lookupGroup func(name string) (*user.Group, error)
+	groupIDs    func(u *user.User) ([]string, error)
+}
+
+var systemUsers = userDB{user.Lookup, user.LookupId, user.LookupGroup, (*user.User).GroupIds}
+
+// lookupUser resolves "name", "uid", "name:group" or "uid:gid" in the guest's user database.
 func lookupUser(spec string) (*syscall.Credential, string, error) {
+	return systemUsers.resolve(spec)
+}
+
+// resolve resolves a USER[:GROUP] spec as docker does. A numeric uid or gid needs no entry:
+// without one the gid is the uid's and HOME is /. root is uid 0 on every Linux, so "root" (and
+// its group) resolve to 0 in an image that has no /etc/passwd, or one that leaves root out; any
+// other name that is not in the database is an error.
+func (db userDB) resolve(spec string) (*syscall.Credential, string, error) {
 	name, group, hasGroup := strings.Cut(spec, ":")
+	if name == "" || (hasGroup && group == "") {
+		return nil, "", fmt.Errorf("exec: bad user %.40q: give USER[:GROUP]", spec)
+	}
 	var u *user.User
 	var err error
-	if _, nerr := strconv.Atoi(name); nerr == nil {
-		u, err = user.LookupId(name)
-		if err != nil {
-			u = &user.User{Uid: name, Gid: name}
+	known := true
+	if _, nerr := strconv.ParseUint(name, 10, 32); nerr == nil {
+		if u, err = db.lookupID(name); err != nil {
+			u, known = &user.User{Uid: name, Gid: name, HomeDir: "/"}, false
+			if name == "0" {
+				u.HomeDir = "/root"
+			}
 		}
-	} else if u, err = user.Lookup(name); err != nil {
-		return nil, "", fmt.Errorf("exec: unknown user %.40q", name)
+	} else if u, err = db.lookup(name); err != nil {
+		if name != "root" {
+			return nil, "", fmt.Errorf("exec: unknown user %.40q", name)
+		}
+		u, known = &user.User{Uid: "0", Gid: "0", Username: "root", HomeDir: "/root"}, false
 	}
 	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
 	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
@@ -486,18 +514,25 @@ func lookupUser(spec string) (*syscall.Credential, string, error) {
 	if hasGroup {
 		if g, err := strconv.ParseUint(group, 10, 32); err == nil {
 			gid = g
-		} else if grp, err := user.LookupGroup(group); err == nil {
-			g, _ := strconv.ParseUint(grp.Gid, 10, 32)
+		} else if grp, err := db.lookupGroup(group); err == nil {
+			g, err := strconv.ParseUint(grp.Gid, 10, 32)
+			if err != nil {
+				return nil, "", fmt.Errorf("exec: group %.40q has no numeric id", group)
+			}
 			gid = g
+		} else if group == "root" {
+			gid = 0
 		} else {
 			return nil, "", fmt.Errorf("exec: unknown group %.40q", group)
 		}
 	}
 	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	if ids, err := u.GroupIds(); err == nil {
-		for _, id := range ids {
-			if g, err := strconv.ParseUint(id, 10, 32); err == nil {
-				cred.Groups = append(cred.Groups, uint32(g))
+	if known {
+		if ids, err := db.groupIDs(u); err == nil {
+			for _, id := range ids {
+				if g, err := strconv.ParseUint(id, 10, 32); err == nil {
+					cred.Groups = append(cred.Groups, uint32(g))
+				}
 			}
 		}
 	}
