@@ -17,7 +17,7 @@ func (g *Service) images(ctx context.Context, _ api.Empty) ([]vmmapi.ImageInfo, 
 // of the sandbox's host, by its id, while the sandbox is stopped or running (the vmm flushes
 // and pauses it for the copy).
 func (g *Service) image(ctx context.Context, r vmmapi.ImageRequest) (vmmapi.ImageInfo, error) {
-	if r.Op == "commit" && r.Sandbox != "" {
+	if (r.Op == "commit" || r.Op == "layer-save") && r.Sandbox != "" {
 		n, err := api.ParseName(r.Sandbox)
 		if err != nil {
 			return vmmapi.ImageInfo{}, err

@@ -1,6 +1,7 @@
 package image_test
 
 import (
+	"archive/tar"
 	"bufio"
 	"encoding/json"
 	"os"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/IniZio/nexus/gateway/cli"
+	"github.com/IniZio/nexus/internal/ocitest"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 )
 
@@ -23,8 +27,10 @@ ENV APP_HOME=/srv/app \
 WORKDIR $APP_HOME
 COPY app/ ./
 COPY --chmod=0640 app/hello.txt /etc/hello
-RUN echo "$GREETING from run in $(pwd)" > built.txt && id -u > uid.txt && mkdir /srv/data && chown 1000 /srv/data
+RUN echo "$GREETING from run in $(pwd)" > built.txt && id -u > uid.txt && mkdir /srv/data && chown 1000 /srv/data && \
+    cat /proc/sys/kernel/random/uuid > /srv/once.txt && echo "first RUN $((6 * 7))"
 USER 1000
+RUN echo step one >> /srv/data/last.txt
 LABEL org.example.built=yes
 EXPOSE 8080
 CMD ["cat", "built.txt"]
@@ -68,6 +74,16 @@ func build(t *testing.T, args ...string) (vmmapi.ImageInfo, []cli.BuildProgress,
 	return info, steps, errOut, code
 }
 
+// debugfsCat reads a file of an ext4 image on the host.
+func debugfsCat(t *testing.T, img, p string) string {
+	t.Helper()
+	b, err := exec.Command("debugfs", "-R", "cat "+p, img).Output()
+	if err != nil || len(b) == 0 {
+		t.Fatalf("debugfs cat %s: %q, %v", p, b, err)
+	}
+	return string(b)
+}
+
 func statuses(steps []cli.BuildProgress) map[string]int {
 	m := map[string]int{}
 	for _, s := range steps {
@@ -77,10 +93,12 @@ func statuses(steps []cli.BuildProgress) map[string]int {
 }
 
 // TestDockerfileBuild: a Dockerfile with ARG, ENV, WORKDIR, COPY, RUN, USER, LABEL, EXPOSE and
-// CMD builds in a builder sandbox from nexus-mini; the result boots with the files, the config
-// and what RUN made; an unchanged rebuild is all cached and boots nothing; a Dockerfile that
-// extends it starts from it; unsupported instructions and a failing RUN are refused with the
-// line and leave no image and no builder.
+// CMD builds in a builder sandbox from nexus-mini; an unchanged rebuild is all cached and boots
+// nothing; a Dockerfile that extends it starts from it; one whose last RUN changed starts a
+// builder on the layer of the step before it and runs only that RUN and what follows; the result
+// boots, after the build cache is gone, with the files, the config and what both RUNs made;
+// unsupported instructions and a failing RUN (in an image without /etc/passwd) are refused with
+// the line and leave no image and no builder.
 func TestDockerfileBuild(t *testing.T) {
 	ctx := t.TempDir()
 	writeFiles(t, ctx, map[string]string{
@@ -109,24 +127,72 @@ func TestDockerfileBuild(t *testing.T) {
 		strings.Join(info.Cmd, " ") != "cat built.txt" || len(info.ExposedPorts) != 1 || info.ExposedPorts[0] != "8080/tcp" {
 		t.Errorf("built config %+v", info)
 	}
-	if st := statuses(steps); st["running"] != 10 || st["failed"] != 0 {
+	if st := statuses(steps); st["running"] != 11 || st["failed"] != 0 {
 		t.Errorf("progress %v:\n%s", st, errOut)
+	}
+	once := debugfsCat(t, info.Path, "/srv/once.txt")
+	if !strings.Contains(errOut, "first RUN 42") {
+		t.Errorf("the first RUN's output is not in the progress:\n%s", errOut)
+	}
+
+	// Unchanged: every step cached, the same image, no builder.
+	t0 = time.Now()
+	again, steps, errOut, code := build(t, "-f", df, "--build-arg", "GREETING=hi", "-t", "built/app:2", ctx)
+	if code != 0 || again.Key != info.Key {
+		t.Fatalf("rebuild: exit %d, key %s (was %s):\n%s", code, again.Key, info.Key, errOut)
+	}
+	t.Logf("rebuild from cache: %v", time.Since(t0))
+	if st := statuses(steps); st["running"] != 0 || st["cached"] != 11 {
+		t.Errorf("rebuild progress %v, want all 11 steps after FROM cached:\n%s", st, errOut)
+	}
+	// Extending it starts from the last build: only the new step is done, without a builder.
+	os.WriteFile(df, []byte(buildDockerfile+"ENV EXTRA=1\n"), 0o644)
+	ext, steps, errOut, code := build(t, "-f", df, "--build-arg", "GREETING=hi", "-t", "built/app:3", ctx)
+	if st := statuses(steps); code != 0 || st["cached"] != 11 || st["running"] != 0 || ext.Key == info.Key {
+		t.Errorf("extended build: exit %d, %v, key %s:\n%s", code, st, ext.Key, errOut)
+	}
+	// Only the last RUN changed: the steps to the first RUN come from the build cache's layers
+	// (the first RUN is not executed again), the builder starts on the state before the old
+	// last RUN (its append is not there), and the steps from USER on run.
+	os.WriteFile(df, []byte(strings.Replace(buildDockerfile, "step one", "step two", 1)), 0o644)
+	info, steps, errOut, code = build(t, "-f", df, "--build-arg", "GREETING=hi", "-t", "built/app:4", ctx)
+	if code != 0 {
+		t.Fatalf("build with a changed last RUN: exit %d:\n%s", code, errOut)
+	}
+	cached := 0
+	for _, p := range steps {
+		if p.Status == "cached" && p.Cached {
+			cached++
+		}
+	}
+	if st := statuses(steps); st["cached"] != 6 || cached != 6 || st["running"] != 5 || st["failed"] != 0 {
+		t.Errorf("changed last RUN: progress %v (%d with cached: true), want 6 cached and 5 run:\n%s", st, cached, errOut)
+	}
+	if strings.Contains(errOut, "first RUN 42") {
+		t.Errorf("the first RUN ran again:\n%s", errOut)
+	}
+	// The image stands alone: it boots with the build cache gone.
+	if err := os.RemoveAll(filepath.Join(stack.Home.Images(), "layers")); err != nil {
+		t.Fatal(err)
 	}
 
 	const box = "img/built"
-	stack.MustNexus(t, "create", box, "--image", "built/app:1", "--memory", "256", "-l", "nexus-test=1")
+	stack.MustNexus(t, "create", box, "--image", "built/app:4", "--memory", "256", "-l", "nexus-test=1")
 	t.Cleanup(func() { stack.Nexus(t, "rm", "--force", box) })
 	if o := stack.MustNexus(t, "exec", box); o != "hi from run in /srv/app\n" {
 		t.Errorf("exec without a command printed %q, want the CMD's output", o)
 	}
 	out := stack.MustNexus(t, "exec", box, "--", "sh", "-c",
-		`id -u; cat uid.txt; echo "$MODE"; cat hello.txt; bin/go.sh; stat -c %a /etc/hello; readlink escape; ls -a`)
+		`id -u; cat uid.txt; echo "$MODE"; cat hello.txt; bin/go.sh; stat -c %a /etc/hello; readlink escape; cat /srv/once.txt; cat /srv/data/last.txt; ls -a`)
 	lines := strings.Split(out, "\n")
-	want := []string{"1000", "0", "test", "hello from the context", "go", "640", "/etc/shadow"}
+	want := []string{"1000", "0", "test", "hello from the context", "go", "640", "/etc/shadow", strings.TrimSpace(once), "step two"}
 	for i, w := range want {
 		if i >= len(lines) || lines[i] != w {
 			t.Fatalf("guest line %d: want %q:\n%s", i+1, w, out)
 		}
+	}
+	if strings.Contains(out, "step one") {
+		t.Errorf("the build started on the old last RUN's result:\n%s", out)
 	}
 	if strings.Contains(out, "debug.log") || strings.Contains(out, "secret") {
 		t.Errorf(".dockerignore'd files were copied:\n%s", out)
@@ -146,7 +212,7 @@ func TestDockerfileBuild(t *testing.T) {
 	}
 	// image save -o writes a docker save tarball that image import reads back.
 	tarball := filepath.Join(t.TempDir(), "app.tar")
-	stack.MustNexus(t, "image", "save", "built/app:1", "-o", tarball)
+	stack.MustNexus(t, "image", "save", "built/app:4", "-o", tarball)
 	// From stdin it streams over the bus to the vmm, wherever that runs.
 	archive, err := os.ReadFile(tarball)
 	if err != nil {
@@ -164,34 +230,34 @@ func TestDockerfileBuild(t *testing.T) {
 		t.Errorf("the imported root has built.txt = %q, %v", b, err)
 	}
 
-	// Unchanged: every step cached, the same image, no builder.
-	t0 = time.Now()
-	again, steps, errOut, code := build(t, "-f", df, "--build-arg", "GREETING=hi", "-t", "built/app:2", ctx)
-	if code != 0 || again.Key != info.Key {
-		t.Fatalf("rebuild: exit %d, key %s (was %s):\n%s", code, again.Key, info.Key, errOut)
-	}
-	t.Logf("rebuild from cache: %v", time.Since(t0))
-	if st := statuses(steps); st["running"] != 0 || st["cached"] != 10 {
-		t.Errorf("rebuild progress %v, want all 10 steps after FROM cached:\n%s", st, errOut)
-	}
-	// Extending it starts from the last build: only the new step is done, without a builder.
-	os.WriteFile(df, []byte(buildDockerfile+"ENV EXTRA=1\n"), 0o644)
-	ext, steps, errOut, code := build(t, "-f", df, "--build-arg", "GREETING=hi", "-t", "built/app:3", ctx)
-	if st := statuses(steps); code != 0 || st["cached"] != 10 || st["running"] != 0 || ext.Key == info.Key {
-		t.Errorf("extended build: exit %d, %v, key %s:\n%s", code, st, ext.Key, errOut)
-	}
-
 	// Refusals: the line, one line, nothing recorded.
 	os.WriteFile(df, []byte("FROM nexus-mini\nRUN true\nHEALTHCHECK CMD true\n"), 0o644)
 	_, _, errOut, code = build(t, "-f", df, "-t", "built/bad:1", ctx)
 	if code == 0 || !strings.Contains(errOut, "Dockerfile:3: HEALTHCHECK is not supported") {
 		t.Errorf("HEALTHCHECK: exit %d: %s", code, errOut)
 	}
-	os.WriteFile(df, []byte("FROM nexus-mini\nCOPY app/hello.txt /\nRUN echo doomed; exit 3\n"), 0o644)
+	// The failing builder boots a scratch-like image: a static busybox and no /etc, so no
+	// /etc/passwd. COPY runs as root all the same (uid 0 needs no entry), the agent makes /etc
+	// (resolv.conf, hostname) and, without --allow-host, the builder has the allow-all window's
+	// network and resolver.
+	noEtc := ocitest.Image(t, "amd64", v1.Config{Env: []string{"PATH=/usr/bin:/bin"}}, ocitest.Layer(t, ocitest.Tar(t,
+		ocitest.File{Name: "usr/bin/", Type: tar.TypeDir},
+		ocitest.File{Name: "usr/bin/busybox", Body: string(busybox(t)), Mode: 0o755},
+		ocitest.File{Name: "usr/bin/sh", Type: tar.TypeSymlink, Link: "busybox"},
+		ocitest.File{Name: "usr/bin/grep", Type: tar.TypeSymlink, Link: "busybox"},
+		ocitest.File{Name: "usr/bin/cat", Type: tar.TypeSymlink, Link: "busybox"},
+		ocitest.File{Name: "bin", Type: tar.TypeSymlink, Link: "usr/bin"})))
+	noEtcTar := filepath.Join(t.TempDir(), "noetc.tar")
+	ocitest.Save(t, noEtcTar, "noetc:1", noEtc)
+	stack.MustNexus(t, "image", "import", noEtcTar, "built/noetc:1")
+	os.WriteFile(df, []byte("FROM built/noetc:1\nCOPY app/hello.txt /\nRUN cat /hello.txt && grep -q nameserver /etc/resolv.conf && echo doomed; exit 3\n"), 0o644)
 	_, steps, errOut, code = build(t, "-f", df, "-t", "built/bad:2", ctx)
 	last := strings.TrimSpace(errOut[strings.LastIndex(strings.TrimSpace(errOut), "\n")+1:])
 	if code == 0 || !strings.Contains(last, "step 3/3 (Dockerfile:3)") || !strings.Contains(last, "exit status 3: doomed") {
-		t.Errorf("failing RUN: exit %d, last line %q:\n%s", code, last, errOut)
+		t.Errorf("failing RUN in an image without /etc/passwd: exit %d, last line %q:\n%s", code, last, errOut)
+	}
+	if !strings.Contains(errOut, "hello from the context") {
+		t.Errorf("COPY as root in an image without /etc/passwd did not copy:\n%s", errOut)
 	}
 	if st := statuses(steps); st["failed"] != 1 {
 		t.Errorf("failing RUN progress %v", st)

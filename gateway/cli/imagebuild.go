@@ -43,6 +43,7 @@ type BuildProgress struct {
 	Line        int     `json:"line,omitempty"`
 	Instruction string  `json:"instruction,omitempty"`
 	Status      string  `json:"status,omitempty"` // running, cached, done, failed
+	Cached      bool    `json:"cached,omitempty"` // the step's result came from the build cache
 	Seconds     float64 `json:"seconds,omitempty"`
 	Output      string  `json:"output,omitempty"`
 	Error       string  `json:"error,omitempty"`
@@ -199,18 +200,24 @@ func runDockerBuild(cmd *cobra.Command, o dockerBuild) (vmmapi.ImageInfo, error)
 		keys[i] = prev
 	}
 	b.report(BuildProgress{Step: b.stepOf(0), Line: fromIns.Line, Instruction: "FROM " + fromRef, Status: "done"})
+	// Where to start: the latest step whose result is here, as the image an earlier build of
+	// this prefix made, or as the build cache layer a step that changed the root left.
 	start, from := -1, base.Key
 	if !o.noCache {
-		for i := len(steps) - 1; i >= 0; i-- {
+		for i := len(steps) - 1; i >= 0 && start < 0; i-- {
 			key := vmmapi.ImageKey(vmmapi.BuildDigest(keys[i]))
 			if _, err := c.Image(cmd.Context(), vmmapi.ImageRequest{Op: "inspect", Name: key}); err == nil {
 				start, from = i, key
-				break
+			} else if steps[i].NeedsBuilder() {
+				key = layerKey(keys[i])
+				if _, err := c.Image(cmd.Context(), vmmapi.ImageRequest{Op: "inspect", Name: key}); err == nil {
+					start, from = i, key
+				}
 			}
 		}
 	}
 	for i := 0; i <= start; i++ {
-		b.report(BuildProgress{Step: b.stepOf(i + 1), Line: steps[i].Line, Instruction: steps[i].Text, Status: "cached"})
+		b.report(BuildProgress{Step: b.stepOf(i + 1), Line: steps[i].Line, Instruction: steps[i].Text, Status: "cached", Cached: true})
 	}
 	final := steps[len(steps)-1].Config
 	commit := vmmapi.ImageRequest{Op: "commit", Name: o.tag, BuildKey: keys[len(keys)-1], Source: "build " + label, Config: &final}
@@ -218,12 +225,14 @@ func runDockerBuild(cmd *cobra.Command, o dockerBuild) (vmmapi.ImageInfo, error)
 	for _, st := range steps[start+1:] {
 		needVM = needVM || st.NeedsBuilder()
 	}
-	if !needVM { // only the config changes: the new image shares its root
+	if !needVM { // only the config changes: the new image has the root of where it starts
 		for i := start + 1; i < len(steps); i++ {
 			b.report(BuildProgress{Step: b.stepOf(i + 1), Line: steps[i].Line, Instruction: steps[i].Text, Status: "done"})
 		}
 		commit.Base = from
-		return c.Image(cmd.Context(), commit)
+		ctx, cancel := context.WithTimeout(cmd.Context(), api.ImageTimeout)
+		defer cancel()
+		return c.Image(ctx, commit)
 	}
 
 	defer b.removeBuilder()
@@ -236,6 +245,9 @@ func runDockerBuild(cmd *cobra.Command, o dockerBuild) (vmmapi.ImageInfo, error)
 		b.report(p)
 		t0 := time.Now()
 		err := b.runStep(st, bc, copies[i], p.Step)
+		if err == nil && st.NeedsBuilder() {
+			err = b.saveLayer(keys[i])
+		}
 		p.Seconds = time.Since(t0).Seconds()
 		if err != nil {
 			p.Status, p.Error = "failed", err.Error()
@@ -258,6 +270,20 @@ func runDockerBuild(cmd *cobra.Command, o dockerBuild) (vmmapi.ImageInfo, error)
 	return info, nil
 }
 
+// layerKey is the vmm's key of the build cache layer of the step with cache key step
+// (image.LayerKey).
+func layerKey(step string) string { return "layer-" + step }
+
+// saveLayer keeps the builder's disk as the build cache layer of the step just run.
+func (b *builder) saveLayer(step string) error {
+	ctx, cancel := context.WithTimeout(b.cmd.Context(), api.ImageTimeout)
+	defer cancel()
+	if _, err := b.c.Image(ctx, vmmapi.ImageRequest{Op: "layer-save", Sandbox: b.name, BuildKey: step}); err != nil {
+		return fmt.Errorf("keeping the step in the build cache: %w", err)
+	}
+	return nil
+}
+
 func (b *builder) stepOf(i int) string { return fmt.Sprintf("%d/%d", i+1, b.steps) }
 
 // baseImage finds the FROM image, building a built-in one or pulling a registry one first.
@@ -276,8 +302,10 @@ func (b *builder) baseImage(ref string) (vmmapi.ImageInfo, error) {
 
 func (b *builder) createBuilder(image string) error {
 	b.name = "nexus-build/b" + strings.ToLower(nuid.Next())[:16]
+	// Cold: a builder's disk is an overlay on the image or layer itself, never on a template's
+	// disk, so the layers kept of it depend only on what the build cache knows.
 	r := api.CreateRequest{Name: b.name, Image: image, Labels: map[string]string{"nexus.build": "1"}, MemoryMiB: b.o.memoryMiB,
-		AllowHosts: b.o.allowHosts, TTL: builderTTL, NoPortForward: true}
+		AllowHosts: b.o.allowHosts, TTL: builderTTL, NoPortForward: true, Cold: true}
 	if len(r.AllowHosts) == 0 {
 		// The spec's builder VMs: allow-all for a bounded window (AllowAllFor(24h); the TTL
 		// ends the builder first), audited, still refused private addresses, no MITM and no

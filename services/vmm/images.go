@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -151,6 +152,12 @@ func (s *Service) image(ctx context.Context, r api.ImageRequest) (api.ImageInfo,
 			return api.ImageInfo{}, err
 		}
 		return imageInfo(info), nil
+	case "layer-save":
+		info, err := s.saveLayer(ctx, r)
+		if err != nil {
+			return api.ImageInfo{}, err
+		}
+		return imageInfo(info), nil
 	case "commit":
 		info, err := s.commit(ctx, r)
 		if err != nil {
@@ -200,7 +207,9 @@ func (s *Service) imageUsers(key string) []string {
 	files, _ := filepath.Glob(filepath.Join(s.cfg.Home.Sandboxes(), "*", imageFile))
 	var out []string
 	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == key {
+		// A builder sandbox's disk may be backed by a build cache layer: it uses the layers
+		// and the image under it too.
+		if b, err := os.ReadFile(f); err == nil && slices.Contains(image.LayerChain(s.cfg.Home, strings.TrimSpace(string(b))), key) {
 			out = append(out, filepath.Base(filepath.Dir(f)))
 		}
 	}
@@ -274,7 +283,20 @@ func (s *Service) commit(ctx context.Context, r api.ImageRequest) (*image.Info, 
 		if err != nil {
 			return nil, err
 		}
-		return image.Commit(ctx, s.cfg.Home, "", base, o)
+		if base.Format == "" {
+			return image.Commit(ctx, s.cfg.Home, "", base, o)
+		}
+		// A build cache layer: its root, read through its chain, becomes the image's own.
+		work, err := os.MkdirTemp(s.cfg.Home.Images(), ".commit-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(work)
+		raw := filepath.Join(work, "root.ext4")
+		if err := image.Flatten(ctx, base, raw); err != nil {
+			return nil, fmt.Errorf("image %s: %w", r.Name, err)
+		}
+		return image.Commit(ctx, s.cfg.Home, raw, nil, o)
 	}
 	defer s.lockID(r.Sandbox)()
 	s.mu.Lock()
@@ -316,6 +338,34 @@ func (s *Service) commit(ctx context.Context, r api.ImageRequest) (*image.Info, 
 	return image.Commit(ctx, s.cfg.Home, raw, base, o)
 }
 
+// saveLayer records a builder sandbox's disk as the build cache layer of the step it just ran
+// (r.BuildKey): a running builder is flushed and paused for the copy, then resumes.
+func (s *Service) saveLayer(ctx context.Context, r api.ImageRequest) (*image.Info, error) {
+	key := image.LayerKey(r.BuildKey)
+	if !image.IsLayerKey(key) {
+		return nil, errdefs.Invalid("build cache: bad step key %q", r.BuildKey)
+	}
+	defer s.lockID(r.Sandbox)()
+	s.mu.Lock()
+	m := s.vms[r.Sandbox]
+	s.mu.Unlock()
+	dir := s.cfg.Home.Sandbox(r.Sandbox)
+	disk := filepath.Join(dir, "disk.qcow2")
+	parent, err := os.ReadFile(filepath.Join(dir, imageFile))
+	if err != nil {
+		return nil, errdefs.NotFound("sandbox %s has no disk to keep a layer of", r.Sandbox)
+	}
+	if m != nil {
+		resume, err := s.quiesce(ctx, m)
+		if err != nil {
+			return nil, fmt.Errorf("build cache: %w", err)
+		}
+		defer resume()
+	}
+	return image.SaveLayer(ctx, s.cfg.Home, key, disk, strings.TrimSpace(string(parent)), s.cfg.BuildCacheBytes,
+		func(k string) bool { return len(s.imageUsers(k)) > 0 })
+}
+
 // quiesce makes a running sandbox's disk consistent for a copy: the guest's dirty pages are
 // written (sync), then the VM is paused, which drains and flushes QEMU's block layer. The
 // returned func resumes the VM and sets the guest clock that stood still.
@@ -324,7 +374,11 @@ func (s *Service) quiesce(ctx context.Context, m *machine) (func(), error) {
 		return nil, errdefs.Conflict("sandbox %s has no agent to flush its disk: stop it first", m.name)
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, err := m.agent.Exec(sctx, guest.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil, io.Discard, io.Discard, nil)
+	// The agent's own sync, which every image has; an agent from before it had one, the image's.
+	st, err := m.agent.Exec(sctx, guest.ExecRequest{Argv: []string{agentproto.GuestBinDir + "/nexus-agent", "sync"}, User: "root"}, nil, io.Discard, io.Discard, nil)
+	if err == nil && st.Code != 0 {
+		st, err = m.agent.Exec(sctx, guest.ExecRequest{Argv: []string{"sync"}, User: "root"}, nil, io.Discard, io.Discard, nil)
+	}
 	cancel()
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("sync exited %d %s", st.Code, st.Error)

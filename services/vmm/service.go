@@ -53,6 +53,8 @@ type Config struct {
 	Labels map[string]string
 	// NoTemplates boots every sandbox cold and builds no template (template.go).
 	NoTemplates bool
+	// BuildCacheBytes bounds the Dockerfile build cache's layers (0: image.DefaultBuildCacheBytes).
+	BuildCacheBytes int64
 }
 
 // Service runs the VMs of one host.

@@ -139,6 +139,10 @@ func (s *Service) chooseTemplate(ctx context.Context, r api.StartRequest) (c war
 		c.cold = why
 		return c
 	}
+	if image.IsLayerKey(r.Image) {
+		c.cold = "a builder on a build cache layer" // one build's: no template is worth keeping
+		return c
+	}
 	img, err := image.Resolve(s.cfg.Home, r.Image)
 	if err != nil {
 		c.cold = "its image is not on this host yet"

@@ -319,7 +319,7 @@ type ImageInfo struct {
 // ImageRequest builds, pulls, imports, inspects or removes an image. Progress, when set,
 // receives ImageProgress messages.
 type ImageRequest struct {
-	Op    string `json:"op"`   // build, pull, import, save, commit, inspect, rm or warm
+	Op    string `json:"op"`   // build, pull, import, save, commit, layer-save, inspect, rm or warm
 	Name  string `json:"name"` // the image (build, inspect, rm), the reference (pull), the name to give (import)
 	Force bool   `json:"force,omitempty"`
 	// File is the tarball or OCI layout to import, or the tarball save writes, a path on the
@@ -340,7 +340,9 @@ type ImageRequest struct {
 	// Commit makes Name (NAME[:TAG]) an image: the disk of the stopped Sandbox (its name at the
 	// gateway, its id at the vmm), or, without one, the root of the image with key Base under a
 	// new Config. BuildKey, when set, is the build's cache key (BuildDigest derives the image's
-	// digest from it), so an unchanged build is found again.
+	// digest from it), so an unchanged build is found again. Base may name a build cache layer
+	// (layer-<key>), whose root is flattened into the image. Layer-save keeps the disk of the
+	// builder Sandbox as the layer of the step with cache key BuildKey.
 	Sandbox  string       `json:"sandbox,omitempty"`
 	Base     string       `json:"base,omitempty"`
 	BuildKey string       `json:"build_key,omitempty"`

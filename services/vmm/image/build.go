@@ -397,8 +397,12 @@ func NewOverlaySized(base, path string, size int64) error {
 	if err := needTools("qemu-img"); err != nil {
 		return err
 	}
-	args := []string{"create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, path}
-	if size > 0 {
+	format := "raw"
+	if isQcow2(base) { // a build cache layer (layers.go)
+		format = "qcow2"
+	}
+	args := []string{"create", "-q", "-f", "qcow2", "-F", format, "-b", base, path}
+	if size > 0 && format == "raw" {
 		fi, err := os.Stat(base)
 		if err != nil {
 			return err
@@ -412,6 +416,17 @@ func NewOverlaySized(base, path string, size int64) error {
 		return fmt.Errorf("overlay %s: %w", path, err)
 	}
 	return nil
+}
+
+func isQcow2(p string) bool {
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var magic [4]byte
+	_, err = io.ReadFull(f, magic[:])
+	return err == nil && string(magic[:]) == "QFI\xfb"
 }
 
 // cachedDownload returns a cached <pkg>_*.deb from dir, or downloads it with apt-get download.

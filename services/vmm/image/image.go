@@ -69,6 +69,9 @@ type Info struct {
 	Created     time.Time `json:"created,omitzero"` // the image config's creation time
 	Config      *Config   `json:"config,omitempty"`
 	Path        string    `json:"-"`
+	// Format is the file's: "" for a raw ext4 image, "qcow2" for a build cache layer
+	// (layers.go), which only builder sandboxes boot.
+	Format string `json:"-"`
 }
 
 // Config is what an image's config says about running it: the defaults of nexus exec (an OCI

@@ -140,6 +140,9 @@ func isKey(s string) bool {
 // Resolve finds a local image by reference (NAME[:TAG][@DIGEST]) or key. A tag the image does
 // not have is refused with the tags it has; an image not here at all is NotFound.
 func Resolve(h home.Dir, s string) (*Info, error) {
+	if IsLayerKey(s) {
+		return getLayer(h, s)
+	}
 	if isKey(s) {
 		return getOCI(h, s)
 	}

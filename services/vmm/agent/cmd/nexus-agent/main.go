@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -34,6 +35,7 @@ As PID 1 it boots the guest and serves the host. Commands (inside a guest):
   why [--json] | why request HOST[:PORT] REASON
                              why connections were refused; ask for a host (also as nexus-why)
   owner tcp|udp PORT         the pid and command line of the process with that local port
+  sync                       write the guest's dirty pages to its disks (the host's consistent copies)
   version                    print the protocol version
 `
 
@@ -63,6 +65,10 @@ func main() {
 		err = owner(os.Args[2:])
 	case "why":
 		os.Exit(why(os.Args[2:]))
+	case "sync":
+		// What the host runs before copying a running guest's disk: every image has this
+		// binary, not every image a sync(1).
+		syscall.Sync()
 	case "version":
 		fmt.Println(agentproto.Version)
 	default:
