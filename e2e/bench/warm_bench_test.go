@@ -14,11 +14,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
-	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/stream"
 )
 
 // Warm start (issue 24): creates restored from a booted template against cold boots of the same
@@ -47,9 +46,9 @@ func createProfiled(b *testing.B, name string, memMiB int, cold, firstExec bool,
 	req := api.CreateRequest{Name: name, Image: "nexus-mini", MemoryMiB: memMiB, Cold: cold, Labels: map[string]string{"nexus-test": "1"}}
 	var steps chan vmmapi.Step
 	if p != nil {
-		req.Progress = bus.StreamPrefix + "." + nuid.Next() + ".out"
+		req.Progress = stream.NewID()
 		steps = make(chan vmmapi.Step, 32)
-		sub, err := client.Conn().Subscribe(req.Progress, func(m *nats.Msg) {
+		sub, err := client.Conn().Subscribe(stream.AnyHostOut(req.Progress), func(m *nats.Msg) {
 			var st vmmapi.Step
 			if json.Unmarshal(m.Data, &st) == nil && st.Name != "" {
 				steps <- st

@@ -12,14 +12,12 @@ import (
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
-	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/stream"
 )
@@ -345,8 +343,8 @@ func imageWithProgress(cmd *cobra.Command, req vmmapi.ImageRequest, what string)
 	}
 	lastStage, lastTenth := "", -1
 	lastLayer := map[string]int{}
-	subject := bus.StreamPrefix + "." + nuid.Next() + ".out"
-	sub, err := c.Conn().Subscribe(subject, func(m *nats.Msg) {
+	progress := stream.NewID()
+	sub, err := c.Conn().Subscribe(stream.AnyHostOut(progress), func(m *nats.Msg) {
 		var p vmmapi.ImageProgress
 		if json.Unmarshal(m.Data, &p) != nil {
 			return
@@ -385,7 +383,7 @@ func imageWithProgress(cmd *cobra.Command, req vmmapi.ImageRequest, what string)
 	})
 	if err == nil {
 		defer sub.Unsubscribe()
-		req.Progress = subject
+		req.Progress = progress
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), api.ImageTimeout)
 	defer cancel()

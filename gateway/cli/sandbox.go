@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 	"github.com/spf13/cobra"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
@@ -18,6 +17,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/config"
 	"github.com/IniZio/nexus/pkg/errdefs"
+	"github.com/IniZio/nexus/pkg/stream"
 )
 
 // dial connects the CLI to the gateway.
@@ -146,10 +146,11 @@ func booting[T any](cmd *cobra.Command, c *api.Client, timeout time.Duration, ca
 	return nil
 }
 
-// followSteps prints boot steps as they arrive on a private stream subject.
+// followSteps prints boot steps as they arrive on a private stream session's .out (on the
+// sandbox's host, wherever that is); it returns the session id to ask with.
 func followSteps(nc *nats.Conn, w io.Writer) (string, func()) {
-	subject := bus.StreamPrefix + "." + nuid.Next() + ".out"
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+	id := stream.NewID()
+	sub, err := nc.Subscribe(stream.AnyHostOut(id), func(m *nats.Msg) {
 		var st vmmapi.Step
 		if json.Unmarshal(m.Data, &st) == nil && st.Name != "" {
 			fmt.Fprintf(w, "  %-14s %6.2fs\n", st.Name, float64(st.Millis)/1000)
@@ -158,7 +159,7 @@ func followSteps(nc *nats.Conn, w io.Writer) (string, func()) {
 	if err != nil {
 		return "", func() {}
 	}
-	return subject, func() { nc.Flush(); sub.Unsubscribe() }
+	return id, func() { nc.Flush(); sub.Unsubscribe() }
 }
 
 func psCommand() *cobra.Command {

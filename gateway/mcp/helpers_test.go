@@ -302,7 +302,7 @@ func (f *fakeVMM) exec(nc *nats.Conn) func(context.Context, vmmapi.ExecRequest) 
 				return vmmapi.Empty{}, err
 			}
 		}
-		sess, err := stream.Server(nc, r.SID)
+		sess, err := stream.Server(nc, bus.LocalHost, r.SID)
 		if err != nil {
 			return vmmapi.Empty{}, err
 		}

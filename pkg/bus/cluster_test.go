@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
+	"github.com/IniZio/nexus/pkg/stream"
 )
 
 func freePort(t *testing.T) int {
@@ -195,6 +197,11 @@ func TestClusterOfThree(t *testing.T) {
 	})
 
 	// Host b's identities: none can serve or call host a's vmm, and b has no gateway user.
+	// A peer of a's stream sessions answers what b's identities may send them.
+	if _, err := admin.Subscribe("nexus.stream.a.>", func(m *nats.Msg) { m.Respond([]byte(`{}`)) }); err != nil {
+		t.Fatal(err)
+	}
+	admin.Flush()
 	for _, u := range bus.HostUsers(hb) {
 		if u == bus.UserBus {
 			continue
@@ -213,9 +220,16 @@ func TestClusterOfThree(t *testing.T) {
 			{what: "serve a's vmm", subject: bus.VMMAPI.Subject("a", ">"), sub: true},
 			{what: "serve a's netstack", subject: bus.NetstackAPI.Subject("a", ">"), sub: true},
 			{what: "call a's vmm", subject: bus.VMMAPI.Subject("a", "sandbox.create"), body: `{}`},
+			{what: "serve a's stream sessions", subject: "nexus.stream.a.*.in", sub: true},
+			{what: "send output on a's stream sessions", subject: "nexus.stream.a.sid1.out", body: `{}`},
+			{what: "subscribe to every stream session", subject: "nexus.stream.>", sub: true},
+			// The CLI is every host's client: it follows and feeds a session wherever it is served.
+			{what: "follow a's session output", subject: "nexus.stream.a.*.out", sub: true, allowed: []string{bus.UserCLI}},
+			{what: "send input to a's sessions", subject: "nexus.stream.a.sid1.in", body: `{}`, allowed: []string{bus.UserCLI}},
 		} {
-			if got, err := try(cl, pc, errs); err != nil || got {
-				t.Errorf("%s of host b may %s (%v)", u, pc.what, err)
+			got, err := try(cl, pc, errs)
+			if want := slices.Contains(pc.allowed, u); err != nil || got != want {
+				t.Errorf("%s of host b: %s: allowed=%v, want %v (%v)", u, pc.what, got, want, err)
 			}
 		}
 		cl.Close()
@@ -236,6 +250,36 @@ func TestClusterOfThree(t *testing.T) {
 	vmmB.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err })
 	if got, err := try(vmmB, permCase{subject: bus.VMMAPI.Subject("b", ">"), sub: true}, errs); err != nil || !got {
 		t.Errorf("b's vmm may not serve its own host (%v)", err)
+	}
+
+	// An exec-style session across hosts: b's CLI is the client of a session c's vmm serves.
+	cliB, err := bus.Connect(ctx, bus.ConnectConfig{Home: hb, User: bus.UserCLI, URL: b.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cliB.Close()
+	sid := stream.NewID()
+	client, err := stream.Client(cliB, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := stream.Server(vmmC, "c", sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	if err := client.Write(stream.KindStdin, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := server.Recv(); err != nil || m.Kind != stream.KindStdin || string(m.Data) != "ping" {
+		t.Fatalf("c's vmm got %s %q (%v) from b's CLI; want stdin \"ping\"", m.Kind, m.Data, err)
+	}
+	if err := server.Write(stream.KindStdout, []byte("pong")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := client.Recv(); err != nil || m.Kind != stream.KindStdout || string(m.Data) != "pong" {
+		t.Fatalf("b's CLI got %s %q (%v) from c's vmm; want stdout \"pong\"", m.Kind, m.Data, err)
 	}
 
 	// Nothing answers without TLS or without credentials.

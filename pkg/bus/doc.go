@@ -19,7 +19,7 @@
 // once per host (vmm, netstack, mitm, gitrelay, portfwd); a single machine is host "local"
 // (LocalHost). A Scope names one such subject space. Besides requests:
 // nexus.events.> carries lifecycle, listener and port events, nexus.audit.egress.<sandbox>
-// the audit events, and nexus.stream.<sid>.in|out the streamed sessions of pkg/stream.
+// the audit events, and nexus.stream.<host>.<sid>.in|out the streamed sessions of pkg/stream.
 //
 // # Endpoints
 //

@@ -68,6 +68,14 @@ var permMatrix = []permCase{
 	{what: "list streams", subject: "$JS.API.STREAM.NAMES", body: `{}`},
 	{what: "read account info", subject: "$JS.API.INFO"},
 	{what: "create a stream", subject: "$JS.API.STREAM.CREATE.EVIL", body: `{"name":"EVIL","subjects":["nexus.audit.evil.>"]}`},
+	// Stream sessions: the vmm serves its own host's, the CLI is the client of any host's.
+	{what: "serve this host's stream sessions", subject: "nexus.stream.local.*.in", sub: true, allowed: []string{bus.UserGateway, bus.UserVMM}},
+	{what: "send a session's output on this host", subject: "nexus.stream.local.sid1.out", body: `{}`, allowed: []string{bus.UserGateway, bus.UserVMM}},
+	{what: "serve another host's stream sessions", subject: "nexus.stream.other.*.in", sub: true, allowed: []string{bus.UserGateway}},
+	{what: "send a session's output on another host", subject: "nexus.stream.other.sid1.out", body: `{}`, allowed: []string{bus.UserGateway}},
+	{what: "follow any host's session output", subject: "nexus.stream.*.sid1.out", sub: true, allowed: []string{bus.UserGateway, bus.UserCLI}},
+	{what: "send a session's input", subject: "nexus.stream.other.sid1.in", body: `{}`, allowed: []string{bus.UserGateway, bus.UserCLI}},
+	{what: "subscribe to every stream session", subject: "nexus.stream.>", sub: true, allowed: []string{bus.UserGateway}},
 	// Service APIs.
 	{what: "resolve a placeholder", subject: credapi.Resolve.Subject(""), body: `{}`, allowed: []string{bus.UserMITM}},
 }
@@ -91,6 +99,10 @@ func TestPermissionMatrix(t *testing.T) {
 	// A credbroker that answers anything.
 	admin := b.Connect(t, bus.UserAdmin)
 	if _, err := admin.Subscribe(credapi.Resolve.Subject(""), func(m *nats.Msg) { m.Respond([]byte(`{}`)) }); err != nil {
+		t.Fatal(err)
+	}
+	// And a peer of every stream session, so that an allowed send gets an answer.
+	if _, err := admin.Subscribe(bus.StreamPrefix+".>", func(m *nats.Msg) { m.Respond([]byte(`{}`)) }); err != nil {
 		t.Fatal(err)
 	}
 	admin.Flush()

@@ -130,9 +130,10 @@ func permissions(user, host string) *server.Permissions {
 	case UserVMM:
 		// It heartbeats its own host's capacity, and no other host's (hosts.go).
 		// It forwards its guests' nexus-why to the gateway, naming the sandbox itself.
-		return p([]string{EventsPrefix + ".>", StreamPrefix + ".*.out", "$SRV.>", whySubject,
+		// It serves the stream sessions of its own host only (nexus.stream.<host>.<sid>.*).
+		return p([]string{EventsPrefix + ".>", StreamOnHost(host, "out"), "$SRV.>", whySubject,
 			"$JS.API.STREAM.INFO.KV_" + KVHosts, "$KV." + KVHosts + "." + host},
-			[]string{VMMAPI.OnHost(host), StreamPrefix + ".*.in", "$SRV.>"})
+			[]string{VMMAPI.OnHost(host), StreamOnHost(host, "in"), "$SRV.>"})
 	case UserNetstack:
 		// It reports the queries an ask-mode sandbox holds (nexus.events.egress.request.<id>).
 		return p([]string{AuditPublish(UserNetstack), EventsPrefix + ".egress.request.>", "$SRV.>"},
@@ -156,20 +157,24 @@ func permissions(user, host string) *server.Permissions {
 		// sandbox it names is the one whose channel the call came over. The remote API
 		// (`nexus serve api`) serves the same calls over HTTP, and only it writes the request
 		// events under nexus.audit.api.>: no CLI can put a request in a token's name.
-		pub := []string{GatewayAPI.All(), StreamPrefix + ".*.in", "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"}
+		pub := []string{GatewayAPI.All(), StreamOnHost("*", "in"), "$SRV.>", "$JS.API.CONSUMER.DELETE." + StreamAudit + ".*"}
 		if user == UserAPI {
 			pub = append(pub, AuditPublish(AuditAPI))
 		}
 		perm := p(join(pub, kvWrite(KVLeases), streamRead(StreamAudit),
 			// `nexus hosts` reads the heartbeats; `nexus hosts drain` writes drain.<host>.
 			kvList(KVHosts), []string{"$KV." + KVHosts + ".drain.>"}),
-			[]string{StreamPrefix + ".*.out", EventsPrefix + ".>"})
+			[]string{StreamOnHost("*", "out"), EventsPrefix + ".>"})
 		perm.Publish.Deny = []string{whySubject}
 		return perm
 	}
 	// Unknown users get nothing at all.
 	return p([]string{}, []string{})
 }
+
+// StreamOnHost is one direction (in or out) of every stream session served on host ("*":
+// on any host): nexus.stream.<host>.<sid>.<dir>, as pkg/stream names them.
+func StreamOnHost(host, dir string) string { return StreamPrefix + "." + host + ".*." + dir }
 
 // InboxPrefix is the user's private reply prefix: no user can subscribe to another's replies.
 func InboxPrefix(user string) string { return "_INBOX_" + user }

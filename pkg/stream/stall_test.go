@@ -142,7 +142,7 @@ func pair(t *testing.T) (cli, srv *stream.Session) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err = stream.Server(b.Connect(t, bus.UserVMM), sid)
+	srv, err = stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
 	if err != nil {
 		t.Fatal(err)
 	}

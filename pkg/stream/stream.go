@@ -1,6 +1,7 @@
 // Package stream carries a long-lived, two-way byte session over the bus: exec output and
-// input, attach, log following. Each direction has its own subject
-// (nexus.stream.<sid>.out from the service, nexus.stream.<sid>.in from the client), every
+// input, attach, log following. Each direction has its own subject on the service's host
+// (nexus.stream.<host>.<sid>.out from the service, nexus.stream.<host>.<sid>.in from the
+// client), so that a host's services can serve and reach only their own host's sessions; every
 // message a sequence number, and data flows only against credit the receiver granted, so a slow
 // reader slows the guest process instead of filling memory. Heartbeats tell each side when the
 // other is gone (a killed CLI ends its guest process). Liveness never waits on the consumer: a
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,8 +79,12 @@ type Msg struct {
 
 // Session is one side of a stream.
 type Session struct {
-	nc      *nats.Conn
+	nc  *nats.Conn
+	sid string
+	// send is the subject this side sends on; a client learns it (the service's host) from the
+	// first message the service sends, and its sends wait until then.
 	send    string
+	recv    string
 	sub     *nats.Subscription
 	in      chan *nats.Msg
 	mu      sync.Mutex
@@ -102,23 +108,71 @@ type Session struct {
 // NewID returns a fresh session id.
 func NewID() string { return nuid.Next() }
 
-// OutSubject and InSubject name the two directions of session sid.
-func OutSubject(sid string) string { return bus.StreamPrefix + "." + sid + ".out" }
-func InSubject(sid string) string  { return bus.StreamPrefix + "." + sid + ".in" }
+// maxID bounds a session id: one subject token of letters and digits (a nuid is 22).
+const maxID = 64
 
-// Client opens the client side of sid: it receives on .out and sends on .in. Open it before
-// asking the service to start, so nothing the service sends is missed.
+// ValidID checks that sid is a session id: one subject token of at most 64 letters and
+// digits, so that no session can name a wildcard or another host's subjects.
+func ValidID(sid string) error {
+	if sid == "" || len(sid) > maxID {
+		return fmt.Errorf("stream: a session id has 1 to %d letters and digits, not %d", maxID, len(sid))
+	}
+	for _, c := range sid {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return fmt.Errorf("stream: a session id has only letters and digits")
+		}
+	}
+	return nil
+}
+
+// OutSubject and InSubject name the two directions of session sid served on host.
+func OutSubject(host, sid string) string { return bus.StreamPrefix + "." + host + "." + sid + ".out" }
+func InSubject(host, sid string) string  { return bus.StreamPrefix + "." + host + "." + sid + ".in" }
+
+// AnyHostOut is what a client follows of session sid before it knows the service's host:
+// its .out on every host. A progress subscriber (Progress) follows the same.
+func AnyHostOut(sid string) string { return bus.StreamPrefix + ".*." + sid + ".out" }
+
+// hostOf is the host token of subject, a session sid's .out on some host ("" if it is not).
+func hostOf(subject, sid string) string {
+	rest, ok := strings.CutPrefix(subject, bus.StreamPrefix+".")
+	if !ok {
+		return ""
+	}
+	host, ok := strings.CutSuffix(rest, "."+sid+".out")
+	if !ok || host == "" || strings.ContainsAny(host, ".*>") {
+		return ""
+	}
+	return host
+}
+
+// Client opens the client side of sid: it receives on sid's .out on whichever host serves it
+// and sends on that host's .in. Open it before asking the service to start, so nothing the
+// service sends is missed; what it sends waits until the service has spoken (Server does at
+// once).
 func Client(nc *nats.Conn, sid string) (*Session, error) {
-	return open(nc, InSubject(sid), OutSubject(sid))
+	if err := ValidID(sid); err != nil {
+		return nil, err
+	}
+	return open(nc, sid, "", AnyHostOut(sid))
 }
 
-// Server opens the service side of sid: it receives on .in and sends on .out.
-func Server(nc *nats.Conn, sid string) (*Session, error) {
-	return open(nc, OutSubject(sid), InSubject(sid))
+// Server opens the service side of sid on host, the service's own: it receives on .in and
+// sends on .out, and says so at once so that the client learns where it is.
+func Server(nc *nats.Conn, host, sid string) (*Session, error) {
+	if err := ValidID(sid); err != nil {
+		return nil, err
+	}
+	s, err := open(nc, sid, OutSubject(host, sid), InSubject(host, sid))
+	if err != nil {
+		return nil, err
+	}
+	s.control(kindPing, nil, false)
+	return s, nil
 }
 
-func open(nc *nats.Conn, send, recv string) (*Session, error) {
-	s := &Session{nc: nc, send: send, in: make(chan *nats.Msg, 1024), credit: Window, done: make(chan struct{}),
+func open(nc *nats.Conn, sid, send, recv string) (*Session, error) {
+	s := &Session{nc: nc, sid: sid, send: send, recv: recv, in: make(chan *nats.Msg, 1024), credit: Window, done: make(chan struct{}),
 		ping: PingEvery, gone: PeerGone}
 	s.cond = sync.NewCond(&s.mu)
 	sub, err := nc.ChanSubscribe(recv, s.in)
@@ -147,6 +201,9 @@ func (s *Session) loop() {
 	for {
 		select {
 		case m := <-s.in:
+			if !s.from(m.Subject) {
+				continue
+			}
 			last = time.Now()
 			kind := m.Header.Get(hdrKind)
 			switch kind {
@@ -186,6 +243,26 @@ func (s *Session) loop() {
 			return
 		}
 	}
+}
+
+// from reports whether a message on subject is the peer's: a client takes the first service
+// to speak as its peer (learning its host) and ignores any other host's messages.
+func (s *Session) from(subject string) bool {
+	if subject == s.recv {
+		return true
+	}
+	host := hostOf(subject, s.sid)
+	if host == "" {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.send == "" {
+		s.send, s.recv = InSubject(host, s.sid), subject
+		s.cond.Broadcast()
+		return true
+	}
+	return false
 }
 
 // enqueue hands m to Recv; a peer sending beyond the credit it was granted is refused.
@@ -279,14 +356,27 @@ func (s *Session) Send(kind string, v any) error {
 }
 
 func (s *Session) control(kind string, data []byte, sequenced bool) error {
-	m := nats.NewMsg(s.send)
-	m.Header.Set(hdrKind, kind)
-	m.Data = data
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed && kind != kindClose {
 		return s.err
 	}
+	if s.send == "" {
+		// A client whose service has not spoken yet: pings and a close have nobody to go to;
+		// anything else waits for the service (or the session's end).
+		if !sequenced || kind == kindClose {
+			return nil
+		}
+		for s.send == "" && !s.closed {
+			s.cond.Wait()
+		}
+		if s.closed {
+			return s.err
+		}
+	}
+	m := nats.NewMsg(s.send)
+	m.Header.Set(hdrKind, kind)
+	m.Data = data
 	if sequenced {
 		s.seq++
 		m.Header.Set(hdrSeq, strconv.FormatUint(s.seq, 10))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ func TestStreamDeliversInOrderUnderCredit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func TestWriterBlocksWithoutCredit(t *testing.T) {
 	if _, err := stream.Client(b.Connect(t, bus.UserCLI), sid); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestPeerGoneIsDetected(t *testing.T) {
 	if _, err := stream.Client(cliConn, sid); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,5 +124,88 @@ func TestPeerGoneIsDetected(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a vanished client was not noticed")
+	}
+}
+
+// TestClientFindsTheServiceHost: a client's input sent before any service serves the session
+// waits for it and reaches the one that does, on its host; a session id that is not one subject
+// token (a wildcard would let a session listen to others') is refused on both sides.
+func TestClientFindsTheServiceHost(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	sent := make(chan error, 1)
+	go func() { sent <- cli.Write(stream.KindStdin, []byte("early")) }()
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if m, err := srv.Recv(); err != nil || m.Kind != stream.KindStdin || string(m.Data) != "early" {
+		t.Fatalf("the service got %s %q (%v); want the stdin sent before it served", m.Kind, m.Data, err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Write(stream.KindStdout, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := cli.Recv(); err != nil || string(m.Data) != "late" {
+		t.Fatalf("the client got %q (%v); want \"late\"", m.Data, err)
+	}
+
+	for _, bad := range []string{"*", ">", "a.b", "", strings.Repeat("x", 65)} {
+		if _, err := stream.Server(b.Connect(t, bus.UserGateway), bus.LocalHost, bad); err == nil {
+			t.Errorf("a service served session id %q", bad)
+		}
+		if _, err := stream.Client(b.Connect(t, bus.UserGateway), bad); err == nil {
+			t.Errorf("a client opened session id %q", bad)
+		}
+	}
+}
+
+// TestClientKeepsToItsService: once a session's service has spoken, what another host's
+// publisher sends on the same session id never reaches the client.
+func TestClientKeepsToItsService(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := srv.Write(stream.KindStdout, []byte("mine")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := cli.Recv(); err != nil || string(m.Data) != "mine" {
+		t.Fatalf("the client got %q (%v); want \"mine\"", m.Data, err)
+	}
+	// The gateway may publish anywhere: it stands in for an impostor on another host.
+	impConn := b.Connect(t, bus.UserGateway)
+	imp, err := stream.Server(impConn, "other", sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer imp.Close()
+	if err := imp.Write(stream.KindStdout, []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	if err := impConn.Flush(); err != nil { // the forgery is on its way to the client first
+		t.Fatal(err)
+	}
+	if err := srv.Write(stream.KindStdout, []byte("still mine")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := cli.Recv(); err != nil || string(m.Data) != "still mine" {
+		t.Fatalf("the client got %q (%v); want \"still mine\", never another host's", m.Data, err)
 	}
 }

@@ -213,7 +213,7 @@ func (p *reporter) finish(name string) {
 
 // run boots b with steps, reports each step to b's progress subject, and serves the machine.
 func (b *boot) run(ctx context.Context, op string, steps []bootStep) (api.StartResponse, error) {
-	p := &reporter{s: b.s, subject: b.progress, last: time.Now()}
+	p := &reporter{s: b.s, subject: b.s.progressSubject(b.progress), last: time.Now()}
 	err := runSteps(ctx, op, steps, b, p.finish)
 	if b.dir != "" {
 		clearBooting(b.dir) // done, or undone: either way nothing half-booted runs

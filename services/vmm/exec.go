@@ -47,7 +47,7 @@ func (s *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error
 			return api.Empty{}, errdefs.Invalid("exec: invalid --timeout %q", r.Timeout)
 		}
 	}
-	sess, err := stream.Server(s.cfg.Bus, r.SID)
+	sess, err := stream.Server(s.cfg.Bus, s.cfg.Host, r.SID)
 	if err != nil {
 		return api.Empty{}, err
 	}
@@ -174,7 +174,7 @@ func (s *Service) copy(ctx context.Context, r api.CopyRequest) (api.Empty, error
 	if !strings.HasPrefix(r.Path, "/") {
 		return api.Empty{}, errdefs.Invalid("cp: the guest path %q must be absolute", r.Path)
 	}
-	sess, err := stream.Server(s.cfg.Bus, r.SID)
+	sess, err := stream.Server(s.cfg.Bus, s.cfg.Host, r.SID)
 	if err != nil {
 		return api.Empty{}, err
 	}

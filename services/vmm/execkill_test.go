@@ -63,7 +63,7 @@ func TestExecKilledWhenCallerGoesWhileStdinStalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := stream.Server(b.Connect(t, bus.UserVMM), sid)
+	sess, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
 	if err != nil {
 		t.Fatal(err)
 	}

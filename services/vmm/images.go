@@ -46,7 +46,17 @@ func (s *Service) ensureImage(ctx context.Context, ref, progress string) (*image
 	return image.Build(ctx, s.cfg.Home, s.cfg.CacheDir, r.Name, false, s.imageProgress(progress))
 }
 
-func (s *Service) imageProgress(subject string) image.Progress {
+// progressSubject is where progress session id goes: its .out on this host ("" for none, or
+// for anything that is not a session id: a caller never makes the vmm publish elsewhere).
+func (s *Service) progressSubject(id string) string {
+	if id == "" || stream.ValidID(id) != nil {
+		return ""
+	}
+	return stream.OutSubject(s.cfg.Host, id)
+}
+
+func (s *Service) imageProgress(id string) image.Progress {
+	subject := s.progressSubject(id)
 	if subject == "" {
 		return nil
 	}
@@ -57,7 +67,8 @@ func (s *Service) imageProgress(subject string) image.Progress {
 }
 
 // layerProgress publishes per-layer progress of a pull or import.
-func (s *Service) layerProgress(subject string) image.LayerProgress {
+func (s *Service) layerProgress(id string) image.LayerProgress {
+	subject := s.progressSubject(id)
 	if subject == "" {
 		return nil
 	}
@@ -412,7 +423,7 @@ func (s *Service) receiveArchive(r api.ImageRequest) (string, error) {
 	if err := os.MkdirAll(s.cfg.Home.Images(), 0o755); err != nil {
 		return "", err
 	}
-	sess, err := stream.Server(s.cfg.Bus, r.SID)
+	sess, err := stream.Server(s.cfg.Bus, s.cfg.Host, r.SID)
 	if err != nil {
 		return "", err
 	}

@@ -50,7 +50,8 @@ type CreateRequest struct {
 	// Config is the project's .nexus/config.yaml (or --config), parsed and validated by the CLI;
 	// the gateway validates it again.
 	Config *config.Config `json:"config,omitempty"`
-	// Progress, when set, receives boot steps (vmm.Step JSON) as they finish.
+	// Progress, when set, is a stream session id whose .out on the sandbox's host receives boot
+	// steps (vmm.Step JSON) as they finish (follow stream.AnyHostOut(Progress)).
 	Progress string `json:"progress,omitempty"`
 	// UserSecrets is set by `nexus create` only: its Secrets were typed by the user, who alone
 	// may bind a secret stored without hosts. Any other creator (the MCP server) leaves it unset

@@ -82,7 +82,8 @@ type StartRequest struct {
 	// TrustCA is a PEM certificate the guest must trust (the MITM's CA): written to CAPath and
 	// added to the guest's system trust store.
 	TrustCA []byte `json:"trust_ca,omitempty"`
-	// Progress, when set, receives one Step message per boot step as it finishes.
+	// Progress, when set, is a stream session id (stream.NewID): one Step message per boot
+	// step goes to its .out on the vmm's host as the step finishes (stream.AnyHostOut follows it).
 	Progress string `json:"progress,omitempty"`
 	// Cold boots a new sandbox even when a template of its shape exists (`nexus create --cold`).
 	Cold bool `json:"cold,omitempty"`
@@ -316,8 +317,8 @@ type ImageInfo struct {
 	Templates []TemplateInfo `json:"templates,omitempty"`
 }
 
-// ImageRequest builds, pulls, imports, inspects or removes an image. Progress, when set,
-// receives ImageProgress messages.
+// ImageRequest builds, pulls, imports, inspects or removes an image. Progress, when set, is a
+// stream session id whose .out on the vmm's host receives ImageProgress messages.
 type ImageRequest struct {
 	Op    string `json:"op"`   // build, pull, import, save, commit, layer-save, inspect, rm or warm
 	Name  string `json:"name"` // the image (build, inspect, rm), the reference (pull), the name to give (import)
