@@ -415,6 +415,9 @@ func (g *Service) bootNew(ctx context.Context, sb *api.Sandbox, progress string,
 		_, err := g.vmm(sb.Host).Start(ctx, req)
 		return err
 	}); err != nil {
+		if errors.As(err, new(errHostLost)) {
+			return err // failed already; settled when the host is back (checkHosts)
+		}
 		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)
 		return err
@@ -455,6 +458,12 @@ func (g *Service) fail(sb *api.Sandbox, cause error) {
 	for range 3 {
 		cur, err := g.reg.Get(ctx, sb.Name)
 		if err != nil {
+			return
+		}
+		if failedForHostLoss(cur) {
+			// What a call to a lost host says is not news, and the reason settles it when
+			// the host is back.
+			*sb = *cur
 			return
 		}
 		if err := g.reg.Transition(ctx, cur, api.StateFailed, cause.Error(), nil); err == nil {
@@ -578,6 +587,9 @@ func (g *Service) start(ctx context.Context, sb *api.Sandbox, _ bool) error {
 	case api.StateStarting:
 		return errAlreadyStarting(sb.Name)
 	}
+	if g.isHostLost(ctx, sb.Host) {
+		return errdefs.Unavailable("sandbox %s is on host %s, which is lost: start it once the host is back (nexus hosts), or nexus rm it", sb.Name, sb.Host)
+	}
 	if sb.Fork != "" {
 		// A fork whose restore a crash or a failure cut off: restored again, not cold-booted.
 		if err := g.bootFork(ctx, sb, sb.Fork, ""); err != nil {
@@ -658,6 +670,9 @@ func (g *Service) remove(ctx context.Context, sb *api.Sandbox, force bool) error
 			return errdefs.Conflict("sandbox %s is %s: stop it first, or use rm --force", sb.Name, sb.State)
 		}
 	}
+	if g.isHostLost(ctx, sb.Host) {
+		return g.removeOnLostHost(ctx, sb)
+	}
 	if sb.State != api.StateRemoving {
 		if err := g.reg.Transition(ctx, sb, api.StateRemoving, "", nil); err != nil {
 			return err
@@ -665,6 +680,9 @@ func (g *Service) remove(ctx context.Context, sb *api.Sandbox, force bool) error
 	}
 	failpoint.Hit("gateway/remove/removing")
 	if err := g.vmm(sb.Host).Remove(ctx, sb.ID); err != nil {
+		if g.isHostLost(ctx, sb.Host) { // lost while it was asked
+			return g.removeOnLostHost(ctx, sb)
+		}
 		return fmt.Errorf("remove %s: %w", sb.Name, err)
 	}
 	failpoint.Hit("gateway/remove/vm")

@@ -282,6 +282,9 @@ func (g *Service) bootFork(ctx context.Context, sb *api.Sandbox, snap, progress 
 		_, err := g.vmm(sb.Host).Fork(ctx, req)
 		return err
 	}); err != nil {
+		if errors.As(err, new(errHostLost)) {
+			return err // failed already; settled when the host is back (checkHosts)
+		}
 		g.teardownPerimeter(context.WithoutCancel(ctx), sb)
 		g.fail(sb, err)
 		return err

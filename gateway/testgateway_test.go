@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -99,6 +100,30 @@ type fakeServices struct {
 	removed []string
 	// running are the VM ids the fake vmm of any host says run (inspect); others do not.
 	running map[string]bool
+	// calls are the subjects of every request, with their bodies; silent are the subject
+	// prefixes (a lost host's, say) nothing answers.
+	calls  []string
+	silent []string
+}
+
+// silence makes requests to subjects starting with prefix go unanswered ("" to answer all).
+func (f *fakeServices) silence(prefix ...string) {
+	f.mu.Lock()
+	f.silent = prefix
+	f.mu.Unlock()
+}
+
+// called lists the requests (subject and body) to subjects starting with prefix.
+func (f *fakeServices) called(prefix string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, c := range f.calls {
+		if strings.HasPrefix(c, prefix) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
@@ -107,12 +132,14 @@ func startFakeServices(t *testing.T, nc *nats.Conn) *fakeServices {
 	ok, _ := bus.EncodeOK(struct{}{})
 	for _, subj := range []string{bus.VMMAPI.All(), bus.NetstackAPI.All(), bus.MITMAPI.All(), bus.CredAPI.All()} {
 		sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
+			f.mu.Lock()
 			if m.Subject == vmmapi.Remove.Subject(bus.LocalHost) {
-				f.mu.Lock()
 				f.removed = append(f.removed, string(m.Data))
-				f.mu.Unlock()
 			}
-			if m.Reply == "" {
+			f.calls = append(f.calls, m.Subject+" "+string(m.Data))
+			silent := slices.ContainsFunc(f.silent, func(p string) bool { return strings.HasPrefix(m.Subject, p) })
+			f.mu.Unlock()
+			if m.Reply == "" || silent {
 				return
 			}
 			if info, ok := f.inspect(m); ok {

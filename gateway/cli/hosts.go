@@ -37,7 +37,9 @@ func hostsCommand() *cobra.Command {
 		Short: "List the hosts with their state (up, draining, lost) and load",
 		Long: `List the hosts from their heartbeats: state (up, draining, or lost once a host has been
 silent for ` + bus.HostTTL.String() + `), running sandboxes, memory the sandboxes hold of what they may take, cores
-and free disk. New sandboxes are placed on the host up with the most free memory.`,
+and free disk. New sandboxes are placed on the host up with the most free memory. A lost host
+also shows how many sandboxes removed meanwhile it still holds (pending_removals under --json):
+their VMs and disks go when it is back.`,
 		Example: "  nexus hosts\n  nexus hosts --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -58,7 +60,11 @@ and free disk. New sandboxes are placed on the host up with the most free memory
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "HOST\tSTATE\tRUNNING\tMEMORY\tVCPUS\tDISK FREE\tLAST SEEN")
 			for _, h := range hs {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d MiB\t%d\t%d GiB\t%s ago\n", h.Host, h.State, h.Running, h.MemoryUsedMiB, h.MemoryMiB, h.VCPUs,
+				state := h.State
+				if h.PendingRemovals > 0 { // removed while it was lost: cleaned up once it is back
+					state += fmt.Sprintf(" (%d removed sandboxes to clean up)", h.PendingRemovals)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d MiB\t%d\t%d GiB\t%s ago\n", h.Host, state, h.Running, h.MemoryUsedMiB, h.MemoryMiB, h.VCPUs,
 					h.DiskFree>>30, time.Since(h.At).Round(time.Second))
 			}
 			return tw.Flush()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -13,7 +14,9 @@ import (
 
 // Hosts heartbeat their capacity into KVHosts, one key per host (its vmm writes it); the
 // gateway places new sandboxes by it and `nexus hosts` lists it. A host whose heartbeat is
-// older than its TTL is lost. An operator's drain is the key drain.<host>.
+// older than its TTL is lost. An operator's drain is the key drain.<host>; a sandbox removed
+// while its host was lost is the key removed.<host>.<id> until the host, back, has removed
+// what it still held of it (OweRemoval).
 const (
 	KVHosts = "nexus_hosts"
 	// HeartbeatEvery is how often a host's vmm writes its heartbeat.
@@ -21,7 +24,8 @@ const (
 	// HostTTL is how long a heartbeat counts: a host silent for longer is lost.
 	HostTTL = 10 * time.Second
 
-	drainPrefix = "drain."
+	drainPrefix   = "drain."
+	removedPrefix = "removed."
 )
 
 // HostBeat is one host's heartbeat.
@@ -57,6 +61,9 @@ type HostState struct {
 	State string `json:"state"`
 	// Drained is set when an operator drained the host: nothing new is placed there.
 	Drained bool `json:"drained,omitempty"`
+	// PendingRemovals counts the sandboxes removed while the host was lost whose VM, disk
+	// and perimeter there are still to go (removed once the host is back).
+	PendingRemovals int `json:"pending_removals,omitempty"`
 }
 
 // Beat writes host's heartbeat.
@@ -77,9 +84,15 @@ func Hosts(ctx context.Context, kv jetstream.KeyValue, now time.Time) ([]HostSta
 	}
 	var beats []HostBeat
 	drained := map[string]bool{}
+	owed := map[string]int{}
 	for k := range lister.Keys() {
 		if h, ok := strings.CutPrefix(k, drainPrefix); ok {
 			drained[h] = true
+			continue
+		}
+		if rest, ok := strings.CutPrefix(k, removedPrefix); ok {
+			h, _, _ := strings.Cut(rest, ".")
+			owed[h]++
 			continue
 		}
 		e, err := kv.Get(ctx, k)
@@ -104,10 +117,77 @@ func Hosts(ctx context.Context, kv jetstream.KeyValue, now time.Time) ([]HostSta
 		case drained[b.Host]:
 			st = HostDraining
 		}
-		out = append(out, HostState{HostBeat: b, State: st, Drained: drained[b.Host]})
+		out = append(out, HostState{HostBeat: b, State: st, Drained: drained[b.Host], PendingRemovals: owed[b.Host]})
 	}
 	slices.SortFunc(out, func(a, b HostState) int { return strings.Compare(a.Host, b.Host) })
 	return out, nil
+}
+
+// Removal is a sandbox removed while its host was lost: its record is gone, and what the
+// host still holds of it (its VM, disk and perimeter) is removed when the host is back.
+type Removal struct {
+	Host string    `json:"host"`
+	ID   string    `json:"id"`
+	Name string    `json:"name"`
+	At   time.Time `json:"at"`
+}
+
+func removalKey(host, id string) (string, error) {
+	if err := validHostName(host); err != nil {
+		return "", err
+	}
+	if err := validHostName(id); err != nil {
+		return "", fmt.Errorf("sandbox id %q is not one subject token", id)
+	}
+	return removedPrefix + host + "." + id, nil
+}
+
+// OweRemoval records that r's host still holds a removed sandbox.
+func OweRemoval(ctx context.Context, kv jetstream.KeyValue, r Removal) error {
+	key, err := removalKey(r.Host, r.ID)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(r)
+	_, err = kv.Put(ctx, key, body)
+	return err
+}
+
+// Removals lists what host still holds of sandboxes removed while it was lost, oldest first.
+func Removals(ctx context.Context, kv jetstream.KeyValue, host string) ([]Removal, error) {
+	if err := validHostName(host); err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeysFiltered(ctx, removedPrefix+host+".*")
+	if err != nil {
+		return nil, err
+	}
+	var out []Removal
+	for k := range lister.Keys() {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var r Removal
+		if json.Unmarshal(e.Value(), &r) != nil || r.Host != host {
+			continue
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Removal) int { return a.At.Compare(b.At) })
+	return out, nil
+}
+
+// SettleRemoval forgets r once its host has removed everything of it.
+func SettleRemoval(ctx context.Context, kv jetstream.KeyValue, r Removal) error {
+	key, err := removalKey(r.Host, r.ID)
+	if err != nil {
+		return err
+	}
+	return kv.Purge(ctx, key)
 }
 
 // Drain marks host drained (on) or not: nothing new is placed on a drained host.

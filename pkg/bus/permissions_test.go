@@ -63,6 +63,7 @@ var permMatrix = []permCase{
 	{what: "write snapshots", subject: "$KV." + bus.KVSnapshots + ".somekey", body: `{}`, allowed: []string{bus.UserGateway}},
 	{what: "read leases", subject: kvGet(bus.KVLeases), allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
 	{what: "write leases", subject: "$KV." + bus.KVLeases + ".somekey", body: `{}`, allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
+	{what: "record a removal a lost host owes", subject: "$KV." + bus.KVHosts + ".removed.b.sb-1", body: `{}`, allowed: []string{bus.UserGateway}},
 	{what: "purge a bucket", subject: "$JS.API.STREAM.PURGE.KV_" + bus.KVSandboxes},
 	// Account-wide JetStream.
 	{what: "list streams", subject: "$JS.API.STREAM.NAMES", body: `{}`},
@@ -73,8 +74,8 @@ var permMatrix = []permCase{
 	{what: "send a session's output on this host", subject: "nexus.stream.local.sid1.out", body: `{}`, allowed: []string{bus.UserGateway, bus.UserVMM}},
 	{what: "serve another host's stream sessions", subject: "nexus.stream.other.*.in", sub: true, allowed: []string{bus.UserGateway}},
 	{what: "send a session's output on another host", subject: "nexus.stream.other.sid1.out", body: `{}`, allowed: []string{bus.UserGateway}},
-	{what: "follow any host's session output", subject: "nexus.stream.*.sid1.out", sub: true, allowed: []string{bus.UserGateway, bus.UserCLI}},
-	{what: "send a session's input", subject: "nexus.stream.other.sid1.in", body: `{}`, allowed: []string{bus.UserGateway, bus.UserCLI}},
+	{what: "follow any host's session output", subject: "nexus.stream.*.sid1.out", sub: true, allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
+	{what: "send a session's input", subject: "nexus.stream.other.sid1.in", body: `{}`, allowed: []string{bus.UserGateway, bus.UserCLI, bus.UserAPI}},
 	{what: "subscribe to every stream session", subject: "nexus.stream.>", sub: true, allowed: []string{bus.UserGateway}},
 	// Service APIs.
 	{what: "resolve a placeholder", subject: credapi.Resolve.Subject(""), body: `{}`, allowed: []string{bus.UserMITM}},

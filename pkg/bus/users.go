@@ -120,6 +120,8 @@ func permissions(user, host string) *server.Permissions {
 			[]string{VMMAPI.All(), NetstackAPI.All(), MITMAPI.All(), CredAPI.All(), GitrelayAPI.All(), PortfwdAPI.All(),
 				EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>", AuditPublish(UserGateway)},
 			kvWrite(KVSandboxes), kvWrite(KVLeases), kvWrite(KVSnapshots), kvList(KVHosts),
+			// It owes a lost host the removal of what it holds of a removed sandbox (hosts.go).
+			[]string{"$KV." + KVHosts + "." + removedPrefix + ">"},
 			// `nexus ps` and `egress show` look up each sandbox's last `suppressed` summary.
 			[]string{"$JS.API.STREAM.INFO." + StreamAudit, "$JS.API.STREAM.MSG.GET." + StreamAudit, "$JS.API.DIRECT.GET." + StreamAudit + ".>"}),
 			[]string{GatewayAPI.All(), EventsPrefix + ".>", StreamPrefix + ".>", "$SRV.>"})
