@@ -223,9 +223,9 @@ func TestClusterOfThree(t *testing.T) {
 			{what: "serve a's stream sessions", subject: "nexus.stream.a.*.in", sub: true},
 			{what: "send output on a's stream sessions", subject: "nexus.stream.a.sid1.out", body: `{}`},
 			{what: "subscribe to every stream session", subject: "nexus.stream.>", sub: true},
-			// The CLI is every host's client: it follows and feeds a session wherever it is served.
-			{what: "follow a's session output", subject: "nexus.stream.a.*.out", sub: true, allowed: []string{bus.UserCLI}},
-			{what: "send input to a's sessions", subject: "nexus.stream.a.sid1.in", body: `{}`, allowed: []string{bus.UserCLI}},
+			// The CLI (and the remote API) is every host's client: it follows and feeds a session wherever it is served.
+			{what: "follow a's session output", subject: "nexus.stream.a.*.out", sub: true, allowed: []string{bus.UserCLI, bus.UserAPI}},
+			{what: "send input to a's sessions", subject: "nexus.stream.a.sid1.in", body: `{}`, allowed: []string{bus.UserCLI, bus.UserAPI}},
 		} {
 			got, err := try(cl, pc, errs)
 			if want := slices.Contains(pc.allowed, u); err != nil || got != want {
