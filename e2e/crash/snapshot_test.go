@@ -27,9 +27,16 @@ func snapshotParent(t *testing.T) string {
 		stack.MustNexus(t, "create", parentName, "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1")
 		stack.MustNexus(t, "exec", parentName, "--", "sh", "-c", "echo parent > /root/mark && sync")
 		remember(t)
+	case s.State == api.StatePaused:
+		stack.MustNexus(t, "resume", parentName)
 	case s.State != api.StateRunning:
 		stack.MustNexus(t, "start", parentName)
 	}
+	t.Cleanup(func() { // it waits for the next test paused
+		if !t.Failed() {
+			idle(t, parentName)
+		}
+	})
 	return parentName
 }
 
