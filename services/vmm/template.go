@@ -506,7 +506,11 @@ func cloneOverlay(ctx context.Context, dir, disk string) error {
 	proto := cloneDiskFile(dir)
 	if fi, err := os.Stat(proto); err != nil || fi.Size() < 512 {
 		tmp := fmt.Sprintf("%s.tmp-%d-%d", proto, os.Getpid(), time.Now().UnixNano())
-		if err := overlayOn(ctx, diskFile(dir), tmp); err != nil {
+		err := overlayOn(ctx, diskFile(dir), tmp)
+		if err == nil {
+			err = os.Chmod(tmp, 0o600) // qemu-img makes it 0644, as nothing else in the home is
+		}
+		if err != nil {
 			os.Remove(tmp)
 			return err
 		}

@@ -28,6 +28,9 @@ func TestCloneOverlayCopiesThePrototype(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no prototype after the first clone: %v", err)
 	}
+	if fi, err := os.Stat(cloneDiskFile(dir)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the prototype's mode: %v %v, want 0600 as every file in the home", fi.Mode(), err)
+	}
 	os.WriteFile(b, []byte("stale"), 0o600) // replaced, not appended to
 	if err := cloneOverlay(ctx, dir, b); err != nil {
 		t.Fatal(err)
