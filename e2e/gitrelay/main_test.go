@@ -45,7 +45,7 @@ type sshServer struct {
 }
 
 func TestMain(m *testing.M) {
-	testutil.Main(m, &stack, testutil.Setup(func(f *testutil.Fixture) error {
+	testutil.Main(m, &stack, testutil.Warm(), testutil.Setup(func(f *testutil.Fixture) error {
 		var err error
 		srv, err = startSSHServer()
 		if srv != nil {
