@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,7 +60,7 @@ type ExecSession struct {
 	buf     []byte
 	release func()
 	errMsg  string
-	done    bool
+	done    atomic.Bool // the exit was read: Next sets it while Close, on another goroutine, reads it
 }
 
 // StartExec starts req in the guest. ctx bounds the whole session: when it ends, reads and
@@ -122,7 +123,7 @@ func (e *ExecSession) Kill(ctx context.Context) error {
 
 // Next returns the next output event; after EventExit it returns io.EOF.
 func (e *ExecSession) Next() (Event, error) {
-	if e.done {
+	if e.done.Load() {
 		return Event{}, io.EOF
 	}
 	for {
@@ -144,7 +145,7 @@ func (e *ExecSession) Next() (Event, error) {
 			}
 		case agentproto.FrameExit:
 			code, sig := agentproto.DecodeExit(p)
-			e.done = true
+			e.done.Store(true)
 			return Event{Type: EventExit, Exit: ExitStatus{Code: int(code), Signal: int(sig), Error: e.errMsg}}, nil
 		default:
 			return Event{}, fmt.Errorf("exec: unexpected %s frame from the agent", t)
@@ -156,7 +157,7 @@ func (e *ExecSession) Next() (Event, error) {
 func (e *ExecSession) Close() error {
 	e.release()
 	e.st.Close()
-	if !e.done {
+	if !e.done.Load() {
 		e.st.SetDeadline(longAgo)
 	}
 	return nil
