@@ -21,7 +21,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	testutil.Main(m, &stack,
+	testutil.Main(m, &stack, testutil.Warm(),
 		testutil.Setup(func(f *testutil.Fixture) error {
 			port, err := testutil.BusPort()
 			if err != nil {
