@@ -71,13 +71,22 @@ func (g *Service) setupPerimeter(ctx context.Context, sb *api.Sandbox, prof prof
 			p.env[v] = vmmapi.CAPath
 		}
 	}
-	p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
+	if sb.Host == g.cfg.Host {
+		p.netSocket = filepath.Join(g.cfg.Home.Sandbox(sb.ID), "net.sock")
+	} // else the sandbox's host puts it in its own home, which this one cannot name
 	spec := netapi.Spec{
 		SandboxID: sb.ID, SandboxName: sb.Name, SocketPath: p.netSocket, ProxyToken: token, Dial: true, Limits: plan.egress.Limits,
 		Policy: plan.netPolicy(), GuestMAC: vmmapi.MACFor(sb.ID),
 	}
-	if _, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec); err != nil {
+	info, err := netapi.NewClient(g.cfg.Bus, sb.Host).Create(ctx, spec)
+	if err != nil {
 		return nil, err
+	}
+	if p.netSocket == "" {
+		if info.SocketPath == "" {
+			return nil, errdefs.Unavailable("the netstack of host %s named no socket for sandbox %s: is it from an older nexus?", sb.Host, sb.Name)
+		}
+		p.netSocket = info.SocketPath
 	}
 	return p, nil
 }

@@ -88,6 +88,11 @@ func (s *Service) Run(ctx context.Context) error {
 				if err := records.CheckKey(r.SandboxID); err != nil {
 					return netapi.Info{}, err
 				}
+				if r.SocketPath == "" {
+					// A gateway on another host cannot name a path here: the socket goes in
+					// the sandbox's directory of this host's home, where its vmm boots it.
+					r.SocketPath = filepath.Join(cfg.Home.Sandbox(r.SandboxID), "net.sock")
+				}
 				if err := os.MkdirAll(filepath.Dir(r.SocketPath), 0o700); err != nil {
 					return netapi.Info{}, err
 				}

@@ -126,7 +126,9 @@ type Spec struct {
 	SandboxName string `json:"sandbox_name,omitempty"`
 	Policy
 	// SocketPath is the unix socket netstack listens on; QEMU connects to it with
-	// -netdev stream,server=off,addr.type=unix,addr.path=<SocketPath>.
+	// -netdev stream,server=off,addr.type=unix,addr.path=<SocketPath>. Empty in a create over
+	// the bus: the sandbox's directory of the netstack's own home (Info.SocketPath says it),
+	// which is what a gateway on another host of a cluster asks for.
 	SocketPath string `json:"socket_path"`
 	// GuestMAC, when set, pins the DHCP lease of GuestIP to this MAC.
 	GuestMAC string `json:"guest_mac,omitempty"`
