@@ -43,7 +43,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	testutil.Main(m, &stack, testutil.Setup(setup), testutil.Check(leakScan))
+	testutil.Main(m, &stack, testutil.Warm(), testutil.Setup(setup), testutil.Check(leakScan))
 }
 
 // setup builds the guest probe and starts the fake upstreams the stack resolves to.

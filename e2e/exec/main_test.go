@@ -17,7 +17,7 @@ var stack *testutil.Stack
 const peerGone = 3 * time.Second
 
 func TestMain(m *testing.M) {
-	testutil.Main(m, &stack, testutil.Setup(func(f *testutil.Fixture) error {
+	testutil.Main(m, &stack, testutil.Warm(), testutil.Setup(func(f *testutil.Fixture) error {
 		f.Env("NEXUS_STREAM_PEER_GONE=" + peerGone.String())
 		return nil
 	}))
