@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -517,12 +518,25 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxVie
 	}
 	// What each host's vmm measures (resident memory); a host that does not answer just
 	// leaves the column empty.
-	vms := g.vmInfos(ctx, all)
-	out := []api.SandboxView{}
+	limit := r.Limit
+	if limit <= 0 || limit > api.ListPage {
+		limit = api.ListPage
+	}
+	// One page: the first limit sandboxes named after r.After (all is sorted by name).
+	all = all[sort.Search(len(all), func(i int) bool { return all[i].Name > r.After }):]
+	page := make([]*api.Sandbox, 0, min(limit, len(all)))
 	for _, sb := range all {
+		if len(page) == limit {
+			break
+		}
 		if !r.All && (sb.State == api.StateStopped || sb.State == api.StateFailed) {
 			continue
 		}
+		page = append(page, sb)
+	}
+	vms := g.vmInfos(ctx, page)
+	out := make([]api.SandboxView, 0, len(page))
+	for _, sb := range page {
 		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes, Containment: vms[sb.ID].Containment})
 	}
 	ids := make([]string, len(out))

@@ -68,11 +68,19 @@ type CreateRequest struct {
 	HostLabels map[string]string `json:"host_labels,omitempty"`
 }
 
-// ListRequest selects sandboxes; stopped and failed ones only with All.
+// ListRequest selects sandboxes; stopped and failed ones only with All. A reply is one page,
+// by name: at most Limit sandboxes (ListPage when 0 or more) named after After. The typed
+// client's List pages through them all.
 type ListRequest struct {
 	Selector []string `json:"selector,omitempty"`
 	All      bool     `json:"all,omitempty"`
+	After    string   `json:"after,omitempty"`
+	Limit    int      `json:"limit,omitempty"`
 }
+
+// ListPage is the most sandboxes one List reply holds, so that a reply stays far below the
+// bus's largest message however many sandboxes there are.
+const ListPage = 2500
 
 // NamesRequest names sandboxes by name or by selector (not both).
 type NamesRequest struct {

@@ -82,8 +82,26 @@ func (c *Client) Create(ctx context.Context, r CreateRequest) (*Sandbox, error) 
 func (c *Client) Get(ctx context.Context, name string) (*Sandbox, error) {
 	return Get.Call(ctx, c.nc, "", NameRequest{Name: name})
 }
+
+// List is every sandbox r selects, sorted by name, read page by page (ListPage each).
 func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error) {
-	return List.Call(ctx, c.nc, "", r)
+	r.Limit = ListPage
+	var out []SandboxView
+	for {
+		page, err := List.Call(ctx, c.nc, "", r)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = page
+		} else {
+			out = append(out, page...)
+		}
+		if len(page) < r.Limit {
+			return out, nil
+		}
+		r.After = page[len(page)-1].Name
+	}
 }
 
 // Apply runs one of Start, Stop, Pause, Resume and Remove on the sandboxes r names.
