@@ -26,7 +26,7 @@ IS_VM_PKG = $$1 ~ "^$(MODULE)/($(subst $(empty) $(empty),|,$(VM_DIRS)))(/|$$)" |
 VM_PKGS = $$($(LIST_TEST_IMPORTS) | awk '$(IS_VM_PKG) {print $$1}')
 UNIT_PKGS = $$($(LIST_TEST_IMPORTS) | awk '!($(IS_VM_PKG)) {print $$1}')
 
-.PHONY: all build build-e2e install deps apt run test test-unit test-vm list-test-pkgs bench clean
+.PHONY: all build build-e2e install deps apt run cluster-demo test test-unit test-vm list-test-pkgs bench clean
 
 all: build
 
@@ -66,6 +66,11 @@ build-e2e: build
 
 run: deps build
 	./scripts/demo.sh
+
+# cluster-demo: three hosts as network namespaces on a private bridge, one cluster; placement,
+# exec across hosts, one host killed and brought back (needs root; cleans up after itself).
+cluster-demo: deps build
+	./scripts/cluster-demo.sh
 
 test: deps build build-e2e test-unit test-vm
 
