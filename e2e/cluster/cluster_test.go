@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -143,6 +144,13 @@ func startCluster(t *testing.T) *cluster {
 		t.Cleanup(st.Stop) // before the LAN is removed (cleanups run last first)
 		c.hosts = append(c.hosts, st)
 	}
+	t.Cleanup(func() { // before the stacks stop: what each host said, and its guests' logs
+		if t.Failed() {
+			for _, st := range c.hosts {
+				dumpHost(t, st)
+			}
+		}
+	})
 	h1 := c.hosts[0]
 	h1.MustNexus(t, "cluster", "init", "--host", "h1", "--advertise", lan.Hosts[0].Addr.String())
 	if err := h1.Start(); err != nil {
@@ -170,6 +178,23 @@ func startCluster(t *testing.T) *cluster {
 		return c.hostsUp(t, "h1", "h2", "h3")
 	})
 	return c
+}
+
+// dumpHost logs the tail of a host's warnings and errors and its sandboxes' QEMU and console
+// logs, for a failed run.
+func dumpHost(t *testing.T, st *testutil.Stack) {
+	var lines []string
+	for _, l := range strings.Split(st.Log(), "\n") {
+		if !strings.Contains(l, " DBG ") || strings.Contains(l, "qemu") || strings.Contains(l, "exit") {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("---- %s: log tail\n%s", st.Home, strings.Join(lines[max(0, len(lines)-60):], "\n"))
+	logs, _ := filepath.Glob(filepath.Join(st.Home.Sandboxes(), "*", "*.log"))
+	for _, f := range logs {
+		b, _ := os.ReadFile(f)
+		t.Logf("---- %s\n%s", f, b[max(0, len(b)-3000):])
+	}
 }
 
 // hostsUp says whether exactly these hosts are up.
