@@ -191,6 +191,8 @@ done
 audit_count() { quiet 1 audit tail --json | wc -l; }
 record_count() { quiet 1 ps -a --json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
 say "counts before host 3 goes"
+audit_has() { [ "$(audit_count)" -ge "$1" ]; }
+waitfor 30 "the three refusals in the audit stream" audit_has 3
 a1=$(audit_count)
 r1=$(record_count)
 echo "audit stream: $a1 egress events; registry: $r1 sandbox records"
@@ -202,7 +204,7 @@ ip netns pids "$PREFIX-h3" | xargs -r ps -o pid=,comm= -p | sed 's/^/  killed /'
 killhost 3
 
 say "the gateway sees host h3 lost: its sandboxes are failed (at most 12 s after its last heartbeat)"
-lost_shown() { quiet 1 ps -a | grep -q "host h3 lost"; }
+lost_shown() { [ "$(field cluster/s3 reason)" = "host h3 lost" ]; }
 t0=$(date +%s)
 waitfor 60 "a sandbox of h3 failed with \"host h3 lost\"" lost_shown
 echo "(seen after $(($(date +%s) - t0))s)"
@@ -225,7 +227,7 @@ echo "audit stream: $a1 -> $a2 egress events; registry: $r1 -> $r2 sandbox recor
 say "host 3 comes back: its VMs did not survive, so they are cleaned up and the registry corrected"
 start 3
 waitfor 60 "h3 up again" hosts_up 3
-cleaned() { quiet 1 ps -a | grep "cluster/s" | grep -q "did not survive"; }
+cleaned() { field cluster/s3 reason | grep -q "did not survive"; }
 waitfor 60 "h3's sandboxes cleaned up" cleaned
 nx 1 hosts
 nx 1 ps -a
