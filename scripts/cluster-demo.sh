@@ -59,12 +59,15 @@ waitfor() {
 # teardown kills every process of the namespaces (nexus and its QEMUs), removes them, the
 # bridge and (unless called with "keep") the temp dir. It also clears what an earlier run left.
 teardown() {
-	local ns
+	local ns v
 	for ns in $(ip netns list 2>/dev/null | awk -v p="$PREFIX-h" 'index($1, p) == 1 {print $1}'); do
 		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
 		ip netns del "$ns" 2>/dev/null || true
 	done
-	ip link del "$PREFIX-br" 2>/dev/null || true
+	# A namespace goes away asynchronously, its veth with it; do not leave that to chance.
+	for v in "$PREFIX-h1" "$PREFIX-h2" "$PREFIX-h3" "$PREFIX-br"; do
+		ip link del "$v" 2>/dev/null || true
+	done
 	if [ "${1:-}" != keep ] && [ -f "$STATE" ]; then
 		local old
 		old=$(cat "$STATE")
@@ -137,6 +140,7 @@ done
 # start N: nexus up in host N's namespace, its output in up.log.
 start() {
 	on "$1" "$NEXUS" up --log-level debug >>"$ROOT/h$1/up.log" 2>&1 &
+	disown
 }
 
 say "host 1: the first node of the cluster (its CA, the gateway), then two join tokens"
@@ -184,7 +188,7 @@ placed=$(for i in 1 2 3; do host_of "cluster/s$i"; done | sort -u | wc -l)
 
 say "exec into each from host 1's CLI (over the bus to the sandbox's host)"
 for i in 1 2 3; do
-	nx 1 exec "cluster/s$i" -- sh -c 'echo "$(hostname): up $(cut -d" " -f1 /proc/uptime)s"; wget -q -T 3 -O /dev/null http://evil.example/ 2>/dev/null || echo "evil.example: refused by the perimeter (an audit event)"'
+	nx 1 exec "cluster/s$i" -- sh -c 'echo "$(hostname): up $(cut -d" " -f1 /proc/uptime)s"; nslookup evil.example >/dev/null 2>&1 || echo "evil.example: refused by the perimeter (an audit event)"'
 done
 
 # counts: the audit stream's messages and the registry's sandbox records, from host 1.
@@ -207,7 +211,7 @@ say "the gateway sees host h3 lost: its sandboxes are failed (at most 12 s after
 lost_shown() { [ "$(field cluster/s3 reason)" = "host h3 lost" ]; }
 t0=$(date +%s)
 waitfor 60 "a sandbox of h3 failed with \"host h3 lost\"" lost_shown
-echo "(seen after $(($(date +%s) - t0))s)"
+echo "(seen after $(($(date +%s) - t0))s) cluster/s3: $(field cluster/s3 state), $(field cluster/s3 reason)"
 nx 1 ps -a
 nx 1 hosts
 
@@ -229,6 +233,7 @@ start 3
 waitfor 60 "h3 up again" hosts_up 3
 cleaned() { field cluster/s3 reason | grep -q "did not survive"; }
 waitfor 60 "h3's sandboxes cleaned up" cleaned
+echo "cluster/s3: $(field cluster/s3 state), $(field cluster/s3 reason)"
 nx 1 hosts
 nx 1 ps -a
 
