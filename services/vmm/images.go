@@ -310,11 +310,7 @@ func (s *Service) commit(ctx context.Context, r api.ImageRequest) (*image.Info, 
 		return image.Commit(ctx, s.cfg.Home, raw, nil, o)
 	}
 	defer s.lockID(r.Sandbox)()
-	s.mu.Lock()
-	m := s.vms[r.Sandbox]
-	s.mu.Unlock()
-	dir := s.cfg.Home.Sandbox(r.Sandbox)
-	disk := filepath.Join(dir, "disk.qcow2")
+	m, dir, disk := s.sandboxDisk(r.Sandbox)
 	if _, err := os.Stat(disk); err != nil {
 		return nil, errdefs.NotFound("sandbox %s has no disk to make an image of", r.Sandbox)
 	}
@@ -349,6 +345,16 @@ func (s *Service) commit(ctx context.Context, r api.ImageRequest) (*image.Info, 
 	return image.Commit(ctx, s.cfg.Home, raw, base, o)
 }
 
+// sandboxDisk is sandbox id's running machine (nil when it is not running), its directory and
+// its disk's path. The caller holds the sandbox's lock.
+func (s *Service) sandboxDisk(id string) (m *machine, dir, disk string) {
+	s.mu.Lock()
+	m = s.vms[id]
+	s.mu.Unlock()
+	dir = s.cfg.Home.Sandbox(id)
+	return m, dir, filepath.Join(dir, "disk.qcow2")
+}
+
 // saveLayer records a builder sandbox's disk as the build cache layer of the step it just ran
 // (r.BuildKey): a running builder is flushed and paused for the copy, then resumes.
 func (s *Service) saveLayer(ctx context.Context, r api.ImageRequest) (*image.Info, error) {
@@ -357,11 +363,7 @@ func (s *Service) saveLayer(ctx context.Context, r api.ImageRequest) (*image.Inf
 		return nil, errdefs.Invalid("build cache: bad step key %q", r.BuildKey)
 	}
 	defer s.lockID(r.Sandbox)()
-	s.mu.Lock()
-	m := s.vms[r.Sandbox]
-	s.mu.Unlock()
-	dir := s.cfg.Home.Sandbox(r.Sandbox)
-	disk := filepath.Join(dir, "disk.qcow2")
+	m, dir, disk := s.sandboxDisk(r.Sandbox)
 	parent, err := os.ReadFile(filepath.Join(dir, imageFile))
 	if err != nil {
 		return nil, errdefs.NotFound("sandbox %s has no disk to keep a layer of", r.Sandbox)

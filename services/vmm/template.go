@@ -215,11 +215,11 @@ func (s *Service) startWarm(ctx context.Context, r api.StartRequest) (api.StartR
 		c.cold, c.build = "the restore failed: "+errdefs.FirstLine(err.Error()), false
 		s.removeTemplate(c.key) // built again on a later create
 	}
-	s.log.Info().Str("sandbox", r.Name).Str("reason", c.cold).Msg("booting cold")
 	resp, err := s.newBoot(r).run(ctx, "start", coldBoot)
 	if err != nil {
-		return resp, err
+		return resp, err // a refusal (an unknown image, say) is not news of a cold boot
 	}
+	s.log.Info().Str("sandbox", r.Name).Str("reason", c.cold).Msg("booted cold")
 	resp.ColdReason = c.cold
 	if c.build {
 		s.buildInBackground(r.Image, c.shape)
