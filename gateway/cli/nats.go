@@ -62,8 +62,10 @@ func natsCommand() *cobra.Command {
 			app.HelpFlag.Short('h')
 			app.Terminate(func(code int) { panic(natsExit{code}) })
 			natscli.SkipContexts = true // a nats context of the user's must not redirect it
+			// A cluster node's bus speaks TLS only, on loopback too: trust its cluster's CA
+			// (its client port asks for no client certificate).
 			if _, err := natscli.ConfigureInApp(app, &options.Options{Servers: url, Username: creds.User, Password: creds.Password,
-				Timeout: 5 * time.Second, ConnectionName: "nexus nats"}, true); err != nil {
+				TlsCA: bus.CAFile(g.Home), Timeout: 5 * time.Second, ConnectionName: "nexus nats"}, true); err != nil {
 				return err
 			}
 			return runNats(app, args)

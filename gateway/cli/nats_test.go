@@ -2,14 +2,21 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
 	"github.com/IniZio/nexus/internal/testutil"
+	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/home"
 )
 
 // runNexusStdout runs nexus with args in a child process (the test binary, see
@@ -84,5 +91,43 @@ func TestNatsPassthrough(t *testing.T) {
 	t.Setenv("NEXUS_HOME", t.TempDir())
 	if code, _ := runNexusStdout(t, "nats", "micro", "ls"); code != 1 {
 		t.Errorf("nexus nats without a stack: exit %d, want 1", code)
+	}
+}
+
+// TestNatsOnClusterNode: on a cluster node, whose bus speaks only TLS signed by the cluster's
+// CA (on loopback too), `nexus nats …` trusts that CA as every other client of the home does.
+func TestNatsOnClusterNode(t *testing.T) {
+	h := home.Dir(testutil.IsolateHome(t))
+	port := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	if _, err := bus.Init(bus.InitConfig{Home: h, Name: "t", Host: "a", Advertise: "127.0.0.1", Listen: "127.0.0.1",
+		ClientPort: port(), RoutePort: port()}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := bus.StartServer(context.Background(), bus.ServerConfig{Home: h, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	nc, err := bus.Connect(context.Background(), bus.ConnectConfig{Home: h, User: bus.UserAdmin, URL: s.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Subscribe("nexus.test.echo", func(m *nats.Msg) { _ = m.Respond(append([]byte("echo "), m.Data...)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runNexusStdout(t, "nats", "req", "nexus.test.echo", "over-tls", "--raw")
+	if code != 0 || strings.TrimSpace(out) != "echo over-tls" {
+		t.Fatalf("nexus nats req on a cluster node: exit %d\n%s", code, out)
 	}
 }

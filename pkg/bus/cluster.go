@@ -221,6 +221,15 @@ func WriteNodeCert(h home.Dir, certPEM, caPEM []byte) error {
 	return atomicfile.WriteFile(clusterFile(h, "ca.pem"), caPEM, 0o600)
 }
 
+// CAFile is where h keeps its cluster CA certificate, or "" when h is in no cluster: what a
+// client that takes a file (the NATS CLI's TLS CA) trusts h's bus by.
+func CAFile(h home.Dir) string {
+	if len(CAPEM(h)) == 0 {
+		return ""
+	}
+	return clusterFile(h, "ca.pem")
+}
+
 // CAPEM is the cluster CA certificate of h, or nil when h is in no cluster.
 func CAPEM(h home.Dir) []byte {
 	b, _ := os.ReadFile(clusterFile(h, "ca.pem"))
