@@ -21,17 +21,7 @@ import (
 // finished (stopped), and b removes the VMs of both removed sandboxes.
 func TestHostLossMidTransition(t *testing.T) {
 	tg := newTestGateway(t)
-	kv, err := bus.KV(tg.ctx, tg.bus.Connect(t, bus.UserAdmin), bus.KVHosts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	beat := func(host string, at time.Time) {
-		t.Helper()
-		if err := bus.Beat(tg.ctx, kv, bus.HostBeat{Host: host, MemoryMiB: 4096, At: at}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	check := func() { tg.checkHosts(tg.ctx, tg.hostStates(tg.ctx)) }
+	beat, check := tg.hostBeats(t)
 	pending := func() int {
 		for _, h := range tg.hostStates(tg.ctx) {
 			if h.Host == "b" {

@@ -15,17 +15,7 @@ import (
 // gone is cleaned up and stays failed, saying so.
 func TestHostLoss(t *testing.T) {
 	tg := newTestGateway(t)
-	kv, err := bus.KV(tg.ctx, tg.bus.Connect(t, bus.UserAdmin), bus.KVHosts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	beat := func(host string, at time.Time) {
-		t.Helper()
-		if err := bus.Beat(tg.ctx, kv, bus.HostBeat{Host: host, MemoryMiB: 4096, At: at}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	check := func() { tg.checkHosts(tg.ctx, tg.hostStates(tg.ctx)) }
+	beat, check := tg.hostBeats(t)
 	survivor := tg.add(t, &api.Sandbox{Name: "default/survivor", Host: "b"}, api.StateRunning)
 	gone := tg.add(t, &api.Sandbox{Name: "default/gone", Host: "b"}, api.StateRunning)
 	stopped := tg.add(t, &api.Sandbox{Name: "default/stopped", Host: "b"}, api.StateStopped)
@@ -78,4 +68,20 @@ func TestHostLoss(t *testing.T) {
 	if cur = tg.get(t, gone); cur.Revision != rev {
 		t.Errorf("gone was written again by a later check: %s (%q)", cur.State, cur.Reason)
 	}
+}
+
+// hostBeats gives a host-loss test its two moves: beat writes host's heartbeat as of at (an
+// old at is an expired one), and check runs one sweep of the gateway's host-loss check.
+func (tg *testGateway) hostBeats(t *testing.T) (beat func(host string, at time.Time), check func()) {
+	kv, err := bus.KV(tg.ctx, tg.bus.Connect(t, bus.UserAdmin), bus.KVHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat = func(host string, at time.Time) {
+		t.Helper()
+		if err := bus.Beat(tg.ctx, kv, bus.HostBeat{Host: host, MemoryMiB: 4096, At: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return beat, func() { tg.checkHosts(tg.ctx, tg.hostStates(tg.ctx)) }
 }
