@@ -264,7 +264,7 @@ func registerBus(ctx context.Context, srv *bus.Server, g *cli.Global) error {
 }
 
 func serveCommand() *cobra.Command {
-	var wait time.Duration
+	var wait, waitStore time.Duration
 	cmd := &cobra.Command{
 		Use:       "serve <" + strings.Join(serveNames(), "|") + ">",
 		Short:     "Run one service in this process (the Procfile runs one per service)",
@@ -314,6 +314,14 @@ func serveCommand() *cobra.Command {
 			}
 			defer nc.Close()
 			log := g.Log.With().Str("service", c.name).Logger()
+			// A cluster node's store serves once a quorum of the cluster's nodes is up, which
+			// may be long after this service started: wait for what it opens, as `nexus up` does.
+			if err := waitClusterStore(ctx, g.Home, nc, c.name, waitStore, log); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return cli.StartupError(err)
+			}
 			log.Info().Str("url", nc.ConnectedUrl()).Msg("serving")
 			err = c.run(ctx, runEnv{home: g.Home, host: g.Settings.Host, set: g.Settings, log: log, nc: nc})
 			if ctx.Err() != nil {
@@ -324,7 +332,23 @@ func serveCommand() *cobra.Command {
 	}
 	stackFlags(cmd)
 	cmd.Flags().DurationVar(&wait, "wait-bus", 30*time.Second, "how long to wait for the bus to come up")
+	cmd.Flags().DurationVar(&waitStore, "wait-store", 10*time.Minute, "on a cluster node: how long to wait for a quorum of the cluster's bus nodes to serve the store")
 	return cmd
+}
+
+// waitClusterStore waits, on a cluster node, up to wait for the store to serve what service
+// user opens (bus.WaitStoreAs); on a single host the store serves once the bus answers.
+func waitClusterStore(ctx context.Context, h home.Dir, nc *nats.Conn, user string, wait time.Duration, log zerolog.Logger) error {
+	if _, ok, err := bus.LoadCluster(h); err != nil || !ok {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	err := bus.WaitStoreAs(wctx, nc, user, log)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("cluster: the store did not serve within --wait-store %s: is a quorum of the cluster's bus nodes (two of three) up?", wait)
+	}
+	return err
 }
 
 // connectWaiting retries until the bus answers: under overmind every process starts at once.

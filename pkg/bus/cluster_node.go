@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/IniZio/nexus/pkg/atomicfile"
@@ -132,28 +133,54 @@ func (s *Server) WaitStore(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
+	err = waitStore(ctx, s.stop, s.log, func(ctx context.Context) error { return StoreReady(ctx, nc) },
+		func(ev *zerolog.Event) *zerolog.Event { return ev.Int("nodes", len(s.ns.JetStreamClusterPeers())) })
+	if errors.Is(err, errStopped) {
+		return errors.New("bus: stopped while waiting for the cluster's store")
+	}
+	return err
+}
+
+// WaitStoreAs is WaitStore for one service of a cluster node run on its own (`nexus serve
+// <service>`), on its own connection nc as user: it returns once every bucket and stream user
+// may read serves (at once when it reads none, or on a single-host bus), saying every ten
+// seconds what it waits for, until ctx ends.
+func WaitStoreAs(ctx context.Context, nc *nats.Conn, user string, log zerolog.Logger) error {
+	names := storeNamesOf(user)
+	if len(names) == 0 {
+		return nil
+	}
+	return waitStore(ctx, nil, log, func(ctx context.Context) error { return storeServes(ctx, nc, names) },
+		func(ev *zerolog.Event) *zerolog.Event { return ev })
+}
+
+var errStopped = errors.New("stopped")
+
+// waitStore probes the store every second until it serves, logging the quorum line every ten
+// tries (with what detail adds); it ends with ctx, or errStopped when stop closes.
+func waitStore(ctx context.Context, stop <-chan struct{}, log zerolog.Logger, probe func(context.Context) error, detail func(*zerolog.Event) *zerolog.Event) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	waitingSince := time.Now()
 	for n := 0; ; n++ {
 		sctx, cancel := StoreContext(ctx)
-		err := StoreReady(sctx, nc)
+		err := probe(sctx)
 		cancel()
 		if err == nil {
 			if n > 0 {
-				s.log.Info().Dur("waited", time.Since(waitingSince).Round(time.Second)).Msg("cluster: the store serves; starting the services")
+				log.Info().Dur("waited", time.Since(waitingSince).Round(time.Second)).Msg("cluster: the store serves; starting the services")
 			}
 			return nil
 		}
 		if n%10 == 0 {
-			s.log.Warn().Int("nodes", len(s.ns.JetStreamClusterPeers())).
-				Msg("cluster: waiting for a quorum of the cluster's bus nodes (two of three) before starting the services")
+			detail(log.Warn()).Msg("cluster: waiting for a quorum of the cluster's bus nodes (two of three) before starting the services")
 		}
-		if !s.next(ctx, tick) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return errors.New("bus: stopped while waiting for the cluster's store")
+		select {
+		case <-stop:
+			return errStopped
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
 		}
 	}
 }

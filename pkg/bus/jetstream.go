@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -80,11 +81,10 @@ func storeConfig() ([]jetstream.KeyValueConfig, []jetstream.StreamConfig) {
 
 // StoreReady reports whether every bucket and stream of EnsureJetStream exists and answers: on
 // a cluster node, once a quorum of nodes is up and the meta leader has set the store up.
-func StoreReady(ctx context.Context, nc *nats.Conn) error {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
+func StoreReady(ctx context.Context, nc *nats.Conn) error { return storeServes(ctx, nc, storeNames()) }
+
+// storeNames are the JetStream streams of every bucket and stream nexus uses.
+func storeNames() []string {
 	buckets, streams := storeConfig()
 	names := make([]string, 0, len(buckets)+len(streams))
 	for _, b := range buckets {
@@ -92,6 +92,31 @@ func StoreReady(ctx context.Context, nc *nats.Conn) error {
 	}
 	for _, st := range streams {
 		names = append(names, st.Name)
+	}
+	return names
+}
+
+// storeNamesOf are the streams of storeNames that user may look up (its permissions allow
+// their STREAM.INFO): those it opens as it starts.
+func storeNamesOf(user string) []string {
+	perm := permissions(user, LocalHost)
+	if perm == nil {
+		return storeNames() // admin: everything
+	}
+	var out []string
+	for _, n := range storeNames() {
+		if slices.Contains(perm.Publish.Allow, "$JS.API.STREAM.INFO."+n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// storeServes reports whether each of the streams names exists and answers.
+func storeServes(ctx context.Context, nc *nats.Conn, names []string) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
 	}
 	for _, n := range names {
 		if _, err := js.Stream(ctx, n); err != nil {
