@@ -120,7 +120,9 @@ func startStack() (*stack, error) {
 	if err := testutil.Poll(60*time.Second, func() error { _, err := s.nexus("status"); return err }); err != nil {
 		return s, fmt.Errorf("services did not come up: %w", err)
 	}
-	if out, err := s.nexusT(5*time.Minute, "create", sandbox, "--image", "nexus-mini", "--memory", "512"); err != nil {
+	// 256 MiB, the size of TestConflictBetweenSandboxes's two: the template this cold boot
+	// builds in the background restores both of them.
+	if out, err := s.nexusT(5*time.Minute, "create", sandbox, "--image", "nexus-mini", "--memory", "256"); err != nil {
 		return s, fmt.Errorf("create: %v: %s", err, out)
 	}
 	if out, err := s.nexus("cp", s.guestsrv, sandbox+":/tmp/guestsrv"); err != nil {
