@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 // status reads the fields of /proc/PID/status.
@@ -66,10 +68,19 @@ func TestQEMUContained(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, own, "disk.qcow2")); err != nil {
 		t.Errorf("its own disk is not in its root: %v", err)
 	}
-	for _, p := range []string{other, filepath.Join(other, "disk.qcow2"), "/etc/passwd", "/root", "/work", os.TempDir() + "/..", stack.Home.String() + "/bus"} {
-		if _, err := os.Stat(filepath.Join(root, p)); err == nil && p != os.TempDir()+"/.." {
+	// A file of the host's own, outside every path the jail binds.
+	hostDir := t.TempDir()
+	hostFile := filepath.Join(hostDir, "host-only")
+	if err := os.WriteFile(hostFile, []byte("host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{other, filepath.Join(other, "disk.qcow2"), "/etc/passwd", hostFile, stack.Home.String() + "/bus"} {
+		if _, err := os.Stat(filepath.Join(root, p)); err == nil {
 			t.Errorf("%s is visible in qemu's root", p)
 		}
+	}
+	for _, d := range []string{"/root", "/work", hostDir} {
+		checkHidden(t, root, d)
 	}
 	if entries, err := os.ReadDir(filepath.Join(root, "proc")); err == nil {
 		for _, e := range entries {
@@ -82,6 +93,29 @@ func TestQEMUContained(t *testing.T) {
 		t.Errorf("ps says %q, want contained", c)
 	}
 	execOK(t, "jail/a")
+}
+
+// checkHidden checks that the host directory dir shows in QEMU's root (the directory root) at
+// most as the way to the download cache: the jail binds the kernel and initramfs at their host
+// paths, and the cache may be anywhere ($NEXUS_CACHE under /work, the default under /root), so
+// an ancestor of it is there holding that one entry and nothing else of the host's.
+func checkHidden(t *testing.T, root, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(root, dir))
+	if err != nil {
+		return // not there at all
+	}
+	rel, err := filepath.Rel(dir, testutil.CacheDir())
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		t.Errorf("%s is visible in qemu's root", dir)
+		return
+	}
+	toCache, _, _ := strings.Cut(rel, "/")
+	for _, e := range entries {
+		if e.Name() != toCache {
+			t.Errorf("%s is visible in qemu's root", filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // TestRootMountLessContained: a root-owned host mount is served by QEMU over 9p, so QEMU runs as
