@@ -22,6 +22,7 @@ import (
 
 	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	"github.com/IniZio/nexus/services/vmm/image"
 )
 
 // Previous is the last landed commit before the state layout of issue 15 (records through
@@ -87,6 +88,63 @@ func buildPrevious(t *testing.T, dir string) string {
 	return bin
 }
 
+// previousBaseRecipe is the name Previous's image.Recipe gives nexus-base in the download cache.
+const previousBaseRecipe = "base-bookworm-1"
+
+// previousCache is the download cache the stacks of the test run on: the shared cache's
+// entries, and this build's nexus-base also under the name the previous build looks for
+// (previousBaseRecipe). Without it the previous build debootstraps its own nexus-base, a
+// minute of CI on every run (the recipes differ by the gh package only, which the test does
+// not use; the guest agent it adopts is the previous build's, in its initramfs). It returns ""
+// (the shared cache as is) when this build's nexus-base is not cached yet or links fail.
+func previousCache(t *testing.T, dir string) string {
+	t.Helper()
+	shared := testutil.CacheDir()
+	cur := filepath.Join(shared, "images", image.Recipe[image.Base])
+	if image.Recipe[image.Base] == previousBaseRecipe {
+		return ""
+	}
+	if _, err := os.Stat(cur + ".ext4"); err != nil {
+		return ""
+	}
+	if _, err := os.Stat(cur + ".json"); err != nil {
+		return ""
+	}
+	priv := filepath.Join(dir, "cache")
+	if err := os.MkdirAll(filepath.Join(priv, "images"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries { // kernel, initramfs, debs, ...: what either build adds is shared
+		if e.Name() != "images" {
+			if err := os.Symlink(filepath.Join(shared, e.Name()), filepath.Join(priv, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	images, _ := os.ReadDir(filepath.Join(shared, "images"))
+	for _, e := range images { // this build's images (the fresh sandbox's nexus-mini), hard-linked
+		if strings.HasPrefix(e.Name(), previousBaseRecipe+".") {
+			continue // the previous build's own, if it ever built one here: replaced below
+		}
+		if e.Type().IsRegular() && (strings.HasSuffix(e.Name(), ".ext4") || strings.HasSuffix(e.Name(), ".json")) {
+			if os.Link(filepath.Join(shared, "images", e.Name()), filepath.Join(priv, "images", e.Name())) != nil {
+				return ""
+			}
+		}
+	}
+	for _, ext := range []string{".ext4", ".json"} {
+		if os.Link(cur+ext, filepath.Join(priv, "images", previousBaseRecipe+ext)) != nil {
+			return ""
+		}
+	}
+	t.Logf("the previous build's nexus-base is this build's (%s), from the cache", image.Recipe[image.Base])
+	return priv
+}
+
 func token(prefix string) string {
 	b := make([]byte, 12)
 	rand.Read(b)
@@ -136,7 +194,11 @@ func TestUpgradeAdoptsRunningSandboxes(t *testing.T) {
 
 	// The previous build understands only the environment spelling of the test aids; this build
 	// keeps it as the default of its flags.
-	st, err := testutil.StartStackOf(prevBin, "NEXUS_RESOLVE="+up.Resolve(), "NEXUS_EXTRA_CA="+caFile)
+	extra := []string{"NEXUS_RESOLVE=" + up.Resolve(), "NEXUS_EXTRA_CA=" + caFile}
+	if c := previousCache(t, dir); c != "" {
+		extra = append(extra, "NEXUS_CACHE="+c) // later entries win
+	}
+	st, err := testutil.StartStackOf(prevBin, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
