@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,32 +16,13 @@ import (
 	"github.com/IniZio/nexus/pkg/home"
 )
 
-// syncBuffer is a log sink the waiting goroutine writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testutil.BusPort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // TestServeWaitsForTheClusterStore: `nexus serve <service>` on a cluster node whose peers are
@@ -80,7 +59,7 @@ func TestServeWaitsForTheClusterStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	var log syncBuffer
+	var log testutil.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- waitClusterStore(context.Background(), ha, nc, bus.UserGateway, 3*time.Minute, zerolog.New(&log))

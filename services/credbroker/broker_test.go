@@ -9,35 +9,18 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	credapi "github.com/IniZio/nexus/pkg/api/credbroker"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func testBroker(t *testing.T, dir string, logs *syncBuffer) *Broker {
+func testBroker(t *testing.T, dir string, logs *testutil.SyncBuffer) *Broker {
 	t.Helper()
 	cfg := brokerConfig{Dir: dir, Logger: zerolog.Nop()}
 	if logs != nil {
@@ -277,7 +260,7 @@ func TestRotation(t *testing.T) {
 func TestCommandSecret(t *testing.T) {
 	dir := t.TempDir()
 	counter := filepath.Join(dir, "runs")
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	b, err := newBroker(brokerConfig{Dir: filepath.Join(dir, "s"), Logger: zerolog.New(logs), CommandTimeout: 300 * time.Millisecond, CommandCacheTTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -325,7 +308,7 @@ func TestCommandSecret(t *testing.T) {
 // TestNoSecretInLogs captures every log line of a full run and checks that no value and no
 // placeholder appears in them.
 func TestNoSecretInLogs(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	b := testBroker(t, t.TempDir(), logs)
 	ctx := context.Background()
 	b.Set(credapi.SecretSetRequest{Name: "GH_TOKEN", Value: ghValue})

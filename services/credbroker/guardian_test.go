@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/IniZio/nexus/internal/testutil"
 )
 
 // Helper-process mode: the test binary re-executed by TestGuardianConcurrentProcesses runs one
@@ -183,7 +185,7 @@ func TestGuardianRunRefreshesAndLogsNoToken(t *testing.T) {
 	var count atomic.Int64
 	srv := fakeTokenEndpoint(t, &count)
 	path := writeCreds(t, 10*time.Minute)
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	g, _ := NewGuardian(GuardianConfig{CredentialsPath: path, TokenURL: srv.URL, PollInterval: 20 * time.Millisecond, Logger: zerolog.New(logs).Level(zerolog.TraceLevel)})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

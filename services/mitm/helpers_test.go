@@ -2,7 +2,6 @@ package mitm
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -51,30 +50,12 @@ func (r *recorder) all() []audit.Event {
 	return append([]audit.Event(nil), r.evs...)
 }
 
-// syncBuffer is a goroutine-safe log buffer.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type harness struct {
 	proxy    *Proxy
 	addr     string
 	reg      *Registry
 	rec      *recorder
-	logs     *syncBuffer
+	logs     *testutil.SyncBuffer
 	upstream *httptest.Server
 	caDir    string
 	resolves sync.Map
@@ -87,7 +68,7 @@ type harnessOpt func(*proxyConfig)
 // api.example.com and other.example.com, with placeholder bound to api.example.com.
 func newHarness(t testing.TB, upstream http.Handler, opts ...harnessOpt) *harness {
 	t.Helper()
-	h := &harness{rec: &recorder{}, logs: &syncBuffer{}, reg: NewRegistry(), caDir: t.TempDir()}
+	h := &harness{rec: &recorder{}, logs: &testutil.SyncBuffer{}, reg: NewRegistry(), caDir: t.TempDir()}
 	h.upstream = httptest.NewTLSServer(upstream)
 	t.Cleanup(h.upstream.Close)
 	cfg := proxyConfig{

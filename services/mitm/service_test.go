@@ -9,11 +9,12 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/home"
 )
 
-func newTestService(t *testing.T, h home.Dir, logs *syncBuffer) *Service {
+func newTestService(t *testing.T, h home.Dir, logs *testutil.SyncBuffer) *Service {
 	t.Helper()
 	s, err := New(Config{Home: h, Log: zerolog.New(logs)})
 	if err != nil {
@@ -46,7 +47,7 @@ func TestSandboxRecordsOfAnEarlierBuild(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	s := newTestService(t, h, logs)
 	sb, err := s.reg.Lookup(context.Background(), "sb-0123456789ab")
 	if err != nil {
@@ -70,14 +71,14 @@ func TestSandboxRecordsOfAnEarlierBuild(t *testing.T) {
 // one is not.
 func TestSandboxRecordsSurviveRestart(t *testing.T) {
 	h := home.Dir(t.TempDir())
-	s := newTestService(t, h, &syncBuffer{})
+	s := newTestService(t, h, &testutil.SyncBuffer{})
 	for _, id := range []string{"sb-kept", "sb-gone"} {
 		if err := s.register(mitmapi.SandboxPolicy{ID: id, TokenHash: mitmapi.HashHex(testToken), AllowedHosts: []string{"api.example.com"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s.forget("sb-gone")
-	again := newTestService(t, h, &syncBuffer{})
+	again := newTestService(t, h, &testutil.SyncBuffer{})
 	if _, err := again.reg.Lookup(context.Background(), "sb-kept"); err != nil {
 		t.Fatalf("a registered sandbox after a restart: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	mitmapi "github.com/IniZio/nexus/pkg/api/mitm"
 	"github.com/IniZio/nexus/pkg/errdefs"
 	"github.com/IniZio/nexus/pkg/home"
@@ -15,7 +16,7 @@ import (
 // next run serves the changed hosts.
 func TestSetHostsKeepsTheRestAndSurvivesRestart(t *testing.T) {
 	h := home.Dir(t.TempDir())
-	s := newTestService(t, h, &syncBuffer{})
+	s := newTestService(t, h, &testutil.SyncBuffer{})
 	pol := mitmapi.SandboxPolicy{ID: "sb-live", TokenHash: mitmapi.HashHex(testToken), AllowedHosts: []string{"api.example.com"},
 		Credentials: []mitmapi.CredentialBinding{{PlaceholderHash: mitmapi.HashHex(placeholder), Hosts: []string{"api.example.com"}}}}
 	if err := s.register(pol); err != nil {
@@ -25,7 +26,7 @@ func TestSetHostsKeepsTheRestAndSurvivesRestart(t *testing.T) {
 		DeniedHosts: []string{"bad.granted.test"}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, svc := range []*Service{s, newTestService(t, h, &syncBuffer{})} {
+	for _, svc := range []*Service{s, newTestService(t, h, &testutil.SyncBuffer{})} {
 		sb, err := svc.reg.Lookup(context.Background(), "sb-live")
 		if err != nil {
 			t.Fatal(err)
