@@ -85,6 +85,7 @@ runs=(
 	"./e2e/bench GuestNet 1x"
 	"./e2e/bench NoisyNeighbour 1x"
 	"./gateway PS10000 3x"
+	"./gateway/cli PS10000 3x"
 	"./gateway Placement 200x"
 	"./e2e/bench MountedGitStatus 1x"
 	"./services/mitm . 2s"

@@ -24,9 +24,19 @@ type gatewayStack struct {
 	bus *testutil.Bus
 }
 
-func newGatewayStack(t *testing.T) *gatewayStack {
+func newGatewayStack(t testing.TB) *gatewayStack {
+	t.Helper()
+	return newGatewayStackWith(t, nil)
+}
+
+// newGatewayStackWith is newGatewayStack with seed (when not nil) run on the bus before the
+// gateway starts: records written into the registry's bucket, as an earlier gateway left them.
+func newGatewayStackWith(t testing.TB, seed func(*testutil.Bus)) *gatewayStack {
 	t.Helper()
 	b := testutil.NewBus(t)
+	if seed != nil {
+		seed(b)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g, err := gateway.New(gateway.Config{Bus: b.Connect(t, bus.UserGateway), Home: b.Home, Host: bus.LocalHost, Log: zerolog.Nop(), Version: "0.0.1"})
 	if err != nil {
@@ -70,7 +80,7 @@ func newGatewayStack(t *testing.T) *gatewayStack {
 }
 
 // run runs one nexus command against the stack and returns its stdout.
-func (st *gatewayStack) run(t *testing.T, args ...string) (string, error) {
+func (st *gatewayStack) run(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	root := NewRoot()
 	var out, errOut bytes.Buffer
@@ -81,7 +91,7 @@ func (st *gatewayStack) run(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-func (st *gatewayStack) must(t *testing.T, args ...string) string {
+func (st *gatewayStack) must(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := st.run(t, args...)
 	if err != nil {
