@@ -9,6 +9,7 @@
 package stream
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 
 	"github.com/IniZio/nexus/pkg/bus"
 )
@@ -105,10 +105,11 @@ type Session struct {
 	gone     time.Duration
 }
 
-// NewID returns a fresh session id.
-func NewID() string { return nuid.Next() }
+// NewID returns a fresh session id: 130 random bits from crypto/rand (26 letters and digits),
+// so that nobody who sees some of a process's session ids can guess its next ones.
+func NewID() string { return rand.Text() }
 
-// maxID bounds a session id: one subject token of letters and digits (a nuid is 22).
+// maxID bounds a session id: one subject token of letters and digits (NewID's are 26).
 const maxID = 64
 
 // ValidID checks that sid is a session id: one subject token of at most 64 letters and

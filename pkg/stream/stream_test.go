@@ -209,3 +209,23 @@ func TestClientKeepsToItsService(t *testing.T) {
 		t.Fatalf("the client got %q (%v); want \"still mine\", never another host's", m.Data, err)
 	}
 }
+
+// A host that sees some of a client's session ids learns nothing of its next ones: each is
+// random and none shares a prefix with the one before (nuid's shared 12 characters and
+// counted up in the rest).
+func TestNewIDIsUnpredictable(t *testing.T) {
+	prev := stream.NewID()
+	for range 1000 {
+		id := stream.NewID()
+		if err := stream.ValidID(id); err != nil {
+			t.Fatalf("NewID %q: %v", id, err)
+		}
+		if len(id) < 22 {
+			t.Fatalf("NewID %q has fewer than 22 characters (128 bits)", id)
+		}
+		if id[:8] == prev[:8] {
+			t.Fatalf("NewID %q shares its first 8 characters with the one before, %q", id, prev)
+		}
+		prev = id
+	}
+}
