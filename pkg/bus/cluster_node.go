@@ -90,6 +90,7 @@ func (s *Server) clusterLoop(ctx context.Context) {
 		}
 	}
 	replicas := 0
+	var migrateRetry time.Time
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for n := 0; ; n++ {
@@ -110,6 +111,20 @@ func (s *Server) clusterLoop(ctx context.Context) {
 				replicas = want
 			} else if n%10 == 0 {
 				s.log.Warn().Err(err).Msg("cluster: JetStream not ready yet (it needs a quorum of the cluster's nodes: two of three)")
+			}
+		}
+		// The node that ran `nexus cluster init` brings its single-host store along once the
+		// store serves (WaitStore does it before the services under `nexus up`; here for a bus
+		// run on its own, whose services wait for the marker it writes).
+		if n%5 == 0 && MigrationPending(s.home) && time.Now().After(migrateRetry) {
+			sctx, cancel := StoreContext(ctx)
+			ready := StoreReady(sctx, nc) == nil
+			cancel()
+			if ready {
+				if err := s.migrateSingleHost(ctx); err != nil {
+					s.log.Error().Err(err).Msg("cluster: migration failed; trying again in 30s")
+					migrateRetry = time.Now().Add(30 * time.Second)
+				}
 			}
 		}
 		if !s.next(ctx, tick) {
@@ -138,7 +153,46 @@ func (s *Server) WaitStore(ctx context.Context) error {
 	if errors.Is(err, errStopped) {
 		return errors.New("bus: stopped while waiting for the cluster's store")
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return s.migrateSingleHost(ctx)
+}
+
+// migrateSingleHost migrates, once the cluster's store serves, the single-host store that
+// `nexus cluster init` set aside on this home (MigrationPending), before the services start:
+// a gateway that found no record of a sandbox's snapshot would remove it. Only the first run
+// copies anything; a run cut off is resumed by the next.
+func (s *Server) migrateSingleHost(ctx context.Context) error {
+	s.migrateMu.Lock()
+	defer s.migrateMu.Unlock()
+	if s.cluster == nil || !MigrationPending(s.home) {
+		return nil
+	}
+	// Shutdown ends a migration under way; the next start resumes it.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	from := SingleHostStore(s.home)
+	nc, err := Connect(ctx, ConnectConfig{Home: s.home, User: UserAdmin, URL: s.url, Log: s.log})
+	if err != nil {
+		return fmt.Errorf("cluster: migrating %s: %w", from, err)
+	}
+	defer nc.Close()
+	s.log.Info().Str("from", from).Msg("cluster: migrating the single-host store into the cluster's")
+	st, err := Migrate(ctx, MigrateConfig{From: from, To: nc, Host: s.cluster.Host, Log: s.log})
+	if err != nil {
+		return fmt.Errorf("cluster: migrating the single-host store %s: %w (the services wait for it; to start without it move that directory away, and copy it later with `nexus cluster migrate --from`)", from, err)
+	}
+	s.log.Info().Int("records", st.Records).Int("existing", st.Existing).Int("audit", st.Audit).Int("events", st.Events).
+		Msg("cluster: " + st.String())
+	return nil
 }
 
 // WaitStoreAs is WaitStore for one service of a cluster node run on its own (`nexus serve
@@ -499,7 +553,8 @@ type InitConfig struct {
 }
 
 // Init makes h the first node of a new cluster: the CA, this node's certificate and the route
-// credentials. The home keeps its store, so its buckets and streams (R1) become the cluster's.
+// credentials. The home's single-host store is moved aside (SingleHostStore); its bus migrates
+// it into the cluster's store once that serves (Server.WaitStore, Migrate).
 func Init(cfg InitConfig) (Cluster, error) {
 	if err := validHostName(cfg.Host); err != nil {
 		return Cluster{}, err

@@ -42,8 +42,9 @@ func startNode(t *testing.T, h home.Dir) *bus.Server {
 }
 
 // TestClusterOfThree: a home that ran the single-host bus becomes the first node of a cluster
-// and keeps its records; two hosts join with a token; the buckets and streams are raised to
-// R3; a record written on one node is read on another; the token is refused once revoked; a
+// and keeps its records (migrated into the cluster's store); two hosts join with a token; the
+// buckets and streams are raised to R3; a record written on one node is read on another; the
+// token is refused once revoked; a
 // worker host's services serve only their own host's subjects and have no gateway user; and
 // no node's client port answers without TLS or without credentials.
 func TestClusterOfThree(t *testing.T) {
@@ -171,6 +172,9 @@ func TestClusterOfThree(t *testing.T) {
 	}
 	if e, err := kvA.Get(ctx, "sb-new"); err != nil || string(e.Value()) != `{"name":"new"}` {
 		t.Fatalf("a record written on node c, read on node a: %v", err)
+	}
+	if e, err := kvC.Get(ctx, "sb-old"); err != nil || string(e.Value()) != `{"name":"old"}` {
+		t.Fatalf("the single-host record, migrated on node a, read on node c: %v", err)
 	}
 	if _, err := os.Stat(bus.SingleHostStore(ha)); err != nil {
 		t.Fatalf("the single-host store was not kept aside: %v", err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,8 @@ type Server struct {
 	log     zerolog.Logger
 	stop    chan struct{}
 	done    chan struct{}
+	// migrateMu serialises the migration of the single-host store (migrateSingleHost).
+	migrateMu sync.Mutex
 }
 
 // ErrAlreadyRunning is returned when another process already runs the bus for this home.
