@@ -15,8 +15,8 @@ func portsCommand() *cobra.Command {
 		Use:   "ports [[project/]NAME]",
 		Short: "List guest ports forwarded to the same port on 127.0.0.1, and conflicts",
 		Long: "Guest TCP listeners on ports " + strconv.Itoa(portfwdapi.MinPort) + "-" + strconv.Itoa(portfwdapi.MaxPort) +
-			" appear at the same port on 127.0.0.1 of the host the sandbox runs on (HOST). A port already taken\n" +
-			"on the host, or by another sandbox first, is listed as a conflict with what holds it; the number is\n" +
+			" appear at the same port on 127.0.0.1 (ADDRESS) of the host the sandbox runs on (HOST). A port already\ntaken" +
+			" on the host, or by another sandbox first, is listed as a conflict with what holds it; the number is\n" +
 			"never changed. Without a name, the forwards of every host.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -36,9 +36,9 @@ func portsCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SANDBOX\tPORT\tHOST ADDRESS\tSTATE\tHOLDER\tSINCE\tHOST")
+			fmt.Fprintln(tw, "SANDBOX\tHOST\tPORT\tADDRESS\tSTATE\tHOLDER\tSINCE")
 			for _, f := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", f.Sandbox, f.Port, f.HostAddr, f.State, dash(f.Holder), age(f.Since), dash(f.Host))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", f.Sandbox, dash(f.Host), f.Port, f.HostAddr, f.State, dash(f.Holder), age(f.Since))
 			}
 			return tw.Flush()
 		},
