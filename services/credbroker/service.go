@@ -55,7 +55,9 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	defer s.disarmAll()
 	info := bus.ServiceInfo{Name: "credbroker", Version: s.cfg.Version, Host: s.cfg.Host, Description: "secrets, placeholders, credential guardian"}
-	return bus.Serve(ctx, s.cfg.Bus, info, s.cfg.Log, func(svc *bus.Service) error {
+	// One credbroker serves a bus (a cluster's included): the store and the placeholders it
+	// minted are in this host's home. Another one stands by until this one is gone.
+	return bus.ServeSole(ctx, s.cfg.Bus, info, s.cfg.Log, func(svc *bus.Service) error {
 		for _, err := range []error{
 			credapi.Resolve.Serve(svc, func(ctx context.Context, r credapi.ResolveRequest) (credapi.ResolveResponse, error) {
 				v, err := s.broker.Resolve(ctx, r.SandboxID, r.Host, r.Placeholder)
