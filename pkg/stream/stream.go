@@ -150,7 +150,8 @@ func hostOf(subject, sid string) string {
 // Client opens the client side of sid: it receives on sid's .out on whichever host serves it
 // and sends on that host's .in. Open it before asking the service to start, so nothing the
 // service sends is missed; what it sends waits until the service has spoken (Server does at
-// once).
+// once). When the reply that started the session names the host, Bind to it: until then the
+// first host to speak is taken for the session's.
 func Client(nc *nats.Conn, sid string) (*Session, error) {
 	if err := ValidID(sid); err != nil {
 		return nil, err
@@ -246,9 +247,12 @@ func (s *Session) loop() {
 	}
 }
 
-// from reports whether a message on subject is the peer's: a client takes the first service
-// to speak as its peer (learning its host) and ignores any other host's messages.
+// from reports whether a message on subject is the peer's. A client not bound to a host
+// (Bind) takes the first service to speak as its peer, learning its host; any other host's
+// messages are dropped.
 func (s *Session) from(subject string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if subject == s.recv {
 		return true
 	}
@@ -256,8 +260,6 @@ func (s *Session) from(subject string) bool {
 	if host == "" {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.send == "" {
 		s.send, s.recv = InSubject(host, s.sid), subject
 		s.cond.Broadcast()
@@ -266,10 +268,47 @@ func (s *Session) from(subject string) bool {
 	return false
 }
 
+// Bind makes a client hear and speak to host only, the host that serves the session (the
+// gateway names it when the session starts): messages on any other host's .out are dropped.
+// If another host has spoken first, the session fails with an error naming both, and what
+// that host sent is dropped unread. Bind before sending anything that must reach only the
+// session's host. An empty host (an older gateway's reply) keeps the first speaker.
+func (s *Session) Bind(host string) error {
+	if host == "" {
+		return nil
+	}
+	if strings.ContainsAny(host, ".*> \t\r\n") {
+		err := fmt.Errorf("stream: %q is not a host name", host)
+		s.fail(err)
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		defer s.mu.Unlock()
+		return s.err
+	}
+	if peer := hostOf(s.recv, s.sid); peer != "" && peer != host {
+		err := fmt.Errorf("stream: session %s is served by host %s, but host %s spoke on it first", s.sid, host, peer)
+		s.queue, s.buffered = nil, 0
+		s.closed, s.err = true, err
+		s.cond.Broadcast()
+		s.mu.Unlock()
+		s.once.Do(func() { close(s.done) })
+		return err
+	}
+	s.send, s.recv = InSubject(host, s.sid), OutSubject(host, s.sid)
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	return nil
+}
+
 // enqueue hands m to Recv; a peer sending beyond the credit it was granted is refused.
 func (s *Session) enqueue(m Msg) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return nil // ended meanwhile (a failed Bind dropped the queue): the loop stops next
+	}
 	if isData(m.Kind) {
 		if s.buffered+int64(len(m.Data)) > Window {
 			return fmt.Errorf("stream: the other side sent more than the %d bytes of credit it was granted", Window)

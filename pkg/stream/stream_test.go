@@ -229,3 +229,94 @@ func TestNewIDIsUnpredictable(t *testing.T) {
 		prev = id
 	}
 }
+
+// TestBoundClientHearsOnlyItsHost: a client bound to the session's host (the gateway names
+// it) before anyone speaks ignores another host that speaks first on the same session id:
+// the impostor gets none of its input and none of its own output reaches the client.
+func TestBoundClientHearsOnlyItsHost(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if err := cli.Bind(bus.LocalHost); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway may publish anywhere: it stands in for a compromised vmm on host "other".
+	impConn := b.Connect(t, bus.UserGateway)
+	imp, err := stream.Server(impConn, "other", sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer imp.Close()
+	if err := imp.Write(stream.KindStdout, []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	if err := impConn.Flush(); err != nil { // the forgery reaches the client first
+		t.Fatal(err)
+	}
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := srv.Write(stream.KindStdout, []byte("real")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := cli.Recv(); err != nil || string(m.Data) != "real" {
+		t.Fatalf("the client got %q (%v); want \"real\", never another host's", m.Data, err)
+	}
+	if err := cli.Write(stream.KindStdin, []byte("secret")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := srv.Recv(); err != nil || string(m.Data) != "secret" {
+		t.Fatalf("the session's host got %q (%v); want \"secret\"", m.Data, err)
+	}
+	if n := imp.Buffered(); n != 0 {
+		t.Fatalf("the impostor received %d bytes of the client's input", n)
+	}
+}
+
+// TestBindFailsWhenAnotherHostSpokeFirst: a client that took another host for its peer before
+// the gateway named the session's host fails with an error naming both, and returns nothing of
+// what the impostor sent.
+func TestBindFailsWhenAnotherHostSpokeFirst(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	imp, err := stream.Server(b.Connect(t, bus.UserGateway), "other", sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer imp.Close()
+	if err := imp.Write(stream.KindStdout, []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if cli.Buffered() == 0 {
+			return errors.New("the impostor's output has not reached the client")
+		}
+		return nil
+	})
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	err = cli.Bind(bus.LocalHost)
+	if err == nil || !strings.Contains(err.Error(), "host "+bus.LocalHost) || !strings.Contains(err.Error(), "host other") {
+		t.Fatalf("Bind after another host spoke: %v; want an error naming both hosts", err)
+	}
+	if m, rerr := cli.Recv(); rerr == nil || rerr.Error() != err.Error() {
+		t.Fatalf("Recv after the failed Bind: %s %q (%v); want only the Bind error", m.Kind, m.Data, rerr)
+	}
+	if err := cli.Write(stream.KindStdin, []byte("secret")); err == nil {
+		t.Fatal("a failed session still sends input")
+	}
+}
