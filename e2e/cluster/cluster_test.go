@@ -32,7 +32,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "skipping VM tests:", err)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	closeBench()
+	os.Exit(code)
 }
 
 // label marks the test's sandboxes (testutil's Stop removes nexus-test ones).
@@ -58,12 +60,12 @@ type cluster struct {
 	hosts []*testutil.Stack // h1, h2, h3
 }
 
-func (c *cluster) cli(t *testing.T, args ...string) string {
+func (c *cluster) cli(t testing.TB, args ...string) string {
 	t.Helper()
 	return c.hosts[0].MustNexus(t, args...)
 }
 
-func (c *cluster) sandboxes(t *testing.T) map[string]sandbox {
+func (c *cluster) sandboxes(t testing.TB) map[string]sandbox {
 	t.Helper()
 	var list []sandbox
 	if err := json.Unmarshal([]byte(c.cli(t, "ps", "-a", "--json")), &list); err != nil {
@@ -76,7 +78,7 @@ func (c *cluster) sandboxes(t *testing.T) map[string]sandbox {
 	return out
 }
 
-func (c *cluster) hostRows(t *testing.T) ([]hostRow, error) {
+func (c *cluster) hostRows(t testing.TB) ([]hostRow, error) {
 	out, errOut, code := c.hosts[0].Nexus(t, "hosts", "--json")
 	if code != 0 {
 		return nil, fmt.Errorf("nexus hosts: exit %d: %s", code, errOut)
@@ -128,9 +130,29 @@ func (c *cluster) waitSandbox(t *testing.T, name string, d time.Duration, want f
 	return got
 }
 
+// startCluster stands up three hosts for t, removed at its cleanup.
 func startCluster(t *testing.T) *cluster {
-	lan := testutil.NewLAN(t, 3)
-	c := &cluster{lan: lan}
+	c := &cluster{lan: testutil.NewLAN(t, 3)}
+	t.Cleanup(c.stop)  // before the LAN is removed (cleanups run last first)
+	t.Cleanup(func() { // before the stacks stop: what each host said, and its guests' logs
+		if t.Failed() {
+			for _, st := range c.hosts {
+				dumpHost(t, st)
+			}
+		}
+	})
+	c.start(t)
+	return c
+}
+
+// start makes every host of c's LAN a host of the cluster (h1, h2, …): `nexus cluster init` on
+// h1, a join token for each of the others, `nexus up` in every namespace, and returns once h1's
+// services answer and every host heartbeats. The hosts it started are in c.hosts for stop, even
+// when it fails t midway.
+func (c *cluster) start(t testing.TB) {
+	t.Helper()
+	lan := c.lan
+	var names []string
 	for i := range lan.Hosts {
 		st, err := testutil.NewStack(testutil.StackOptions{
 			Netns: lan.Hosts[i].Netns,
@@ -141,29 +163,21 @@ func startCluster(t *testing.T) *cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(st.Stop) // before the LAN is removed (cleanups run last first)
 		c.hosts = append(c.hosts, st)
+		names = append(names, fmt.Sprintf("h%d", i+1))
 	}
-	t.Cleanup(func() { // before the stacks stop: what each host said, and its guests' logs
-		if t.Failed() {
-			for _, st := range c.hosts {
-				dumpHost(t, st)
-			}
-		}
-	})
 	h1 := c.hosts[0]
 	h1.MustNexus(t, "cluster", "init", "--host", "h1", "--advertise", lan.Hosts[0].Addr.String())
 	if err := h1.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i < 3; i++ {
+	for i := 1; i < len(c.hosts); i++ {
 		token := strings.TrimSpace(h1.MustNexus(t, "cluster", "token", "create", "--ttl", "10m"))
-		name := fmt.Sprintf("h%d", i+1)
 		// h1's bus answers joins once it listens; until then the join cannot reach it.
 		testutil.WaitFor(t, 60*time.Second, func() error {
-			_, errOut, code := c.hosts[i].Nexus(t, "cluster", "join", token, "--host", name, "--advertise", lan.Hosts[i].Addr.String())
+			_, errOut, code := c.hosts[i].Nexus(t, "cluster", "join", token, "--host", names[i], "--advertise", lan.Hosts[i].Addr.String())
 			if code != 0 {
-				return fmt.Errorf("join %s: exit %d: %s", name, code, errOut)
+				return fmt.Errorf("join %s: exit %d: %s", names[i], code, errOut)
 			}
 			return nil
 		})
@@ -175,9 +189,15 @@ func startCluster(t *testing.T) *cluster {
 		if _, _, code := h1.Nexus(t, "status"); code != 0 {
 			return fmt.Errorf("not every service answers on h1")
 		}
-		return c.hostsUp(t, "h1", "h2", "h3")
+		return c.hostsUp(t, names...)
 	})
-	return c
+}
+
+// stop stops every host's stack, its sandboxes removed, h1 (the gateway's host) last.
+func (c *cluster) stop() {
+	for i := len(c.hosts) - 1; i >= 0; i-- {
+		c.hosts[i].Stop()
+	}
 }
 
 // dumpHost logs the tail of a host's warnings and errors and its sandboxes' QEMU and console
@@ -198,7 +218,7 @@ func dumpHost(t *testing.T, st *testutil.Stack) {
 }
 
 // hostsUp says whether exactly these hosts are up.
-func (c *cluster) hostsUp(t *testing.T, want ...string) error {
+func (c *cluster) hostsUp(t testing.TB, want ...string) error {
 	rows, err := c.hostRows(t)
 	if err != nil {
 		return err
