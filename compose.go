@@ -348,6 +348,15 @@ func waitClusterStore(ctx context.Context, h home.Dir, nc *nats.Conn, user strin
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		return fmt.Errorf("cluster: the store did not serve within --wait-store %s: is a quorum of the cluster's bus nodes (two of three) up?", wait)
 	}
+	if err != nil {
+		return err
+	}
+	// On the host that ran `nexus cluster init` its bus migrates the single-host store once
+	// the cluster's serves; a gateway started before would find no record of what it holds.
+	err = bus.WaitMigrated(wctx, h, log)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("cluster: the bus did not migrate %s within --wait-store %s: see its log", bus.SingleHostStore(h), wait)
+	}
 	return err
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 // clusterCommand is `nexus cluster`: this host's membership of a multi-host bus (DESIGN §10).
@@ -59,7 +60,8 @@ stack stopped. JetStream serves once two nodes are up (a quorum); run three for 
 		Short: "Join this host to a cluster with a token from `nexus cluster token create`",
 		Long: `Join this host to a cluster. The token names the cluster's bus and pins its CA; this host
 sends its public key and gets its certificate back. Run it with this host's stack stopped; its
-single-host JetStream store is kept aside (bus/jetstream.before-join), the cluster's is used.
+single-host JetStream store is kept aside (bus/jetstream.before-join), the cluster's is used;
+` + "`nexus cluster migrate --from`" + ` copies its records and audit history in later.
 Without --control the host is a worker: its bus has no gateway, credbroker or admin user.`,
 		Example: "  nexus cluster join nxjoin1.eyJ1Ijpb... --host b --advertise 10.0.0.2",
 		Args:    cobra.ExactArgs(1),
@@ -83,8 +85,74 @@ Without --control the host is a worker: its bus has no gateway, credbroker or ad
 	addNodeFlags(join)
 	join.Flags().BoolVar(&control, "control", false, "this host runs a gateway and credbroker too")
 
-	cl.AddCommand(initCmd, join, clusterTokenCommand())
+	cl.AddCommand(initCmd, join, clusterTokenCommand(), clusterMigrateCommand())
 	return cl
+}
+
+// clusterMigrateCommand is `nexus cluster migrate`: copy a store set aside by init or join
+// into the cluster's (the bus does it by itself for init's once the store serves).
+func clusterMigrateCommand() *cobra.Command {
+	var from string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Copy the records and audit history of a store set aside by init or join into the cluster's",
+		Long: `Copy a JetStream store that ` + "`nexus cluster init`" + ` or ` + "`join`" + ` set aside into the cluster's store:
+the sandbox, snapshot and port-forward records the cluster does not have yet (their host "local"
+becomes this host; a record the cluster has under the same name is kept, never overwritten),
+then every audit and lifecycle event in order. The store set aside is only read, and stays as it
+is. It runs once per store: a marker next to it (<store>.migrated) records it, and a run cut
+off is resumed by the next without copying anything twice.
+
+The host that ran init migrates bus/jetstream.single-host by itself once the cluster's store
+serves, before its services start; this command is for the store a joining host set aside
+(bus/jetstream.before-join), which is not migrated by itself: its sandboxes' names may be taken
+in the cluster already. Run it on a control host (init's, or one joined with --control) with
+its bus up and the cluster's store serving.`,
+		Example: "  nexus cluster migrate --from ~/.nexus/bus/jetstream.before-join",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			g, err := Globals(cmd)
+			if err != nil {
+				return err
+			}
+			c, ok, err := bus.LoadCluster(g.Home)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return usageError{fmt.Errorf("this home is in no cluster: `nexus cluster init` or `join` first")}
+			}
+			if !c.Control {
+				return errdefs.Refused("host %s is a worker: its bus has no admin user to write the cluster's records; run the migration on a control host", c.Host)
+			}
+			if from == "" {
+				from = bus.SingleHostStore(g.Home)
+			}
+			ctx := cmd.Context()
+			nc, err := bus.Connect(ctx, g.Bus(bus.UserAdmin))
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			sctx, cancel := bus.StoreContext(ctx)
+			err = bus.StoreReady(sctx, nc)
+			cancel()
+			if err != nil {
+				return errdefs.Unavailable("the cluster's store does not serve yet (a quorum of its bus nodes, two of three, must be up): %v", err)
+			}
+			st, err := bus.Migrate(ctx, bus.MigrateConfig{From: from, To: nc, Host: c.Host, Log: g.Log})
+			if err != nil {
+				return err
+			}
+			if printedJSON(cmd, st) {
+				return nil
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), st.String())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "the store set aside (default $NEXUS_HOME/bus/jetstream.single-host)")
+	return cmd
 }
 
 func clusterTokenCommand() *cobra.Command {

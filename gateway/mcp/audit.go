@@ -116,7 +116,8 @@ func readAudit(ctx context.Context, nc *nats.Conn, id string, since time.Time, d
 			if json.Unmarshal(m.Data(), &ev) != nil {
 				continue
 			}
-			if deniedOnly && ev.Decision != audit.Deny {
+			// A copy from a single host's store (bus.Migrate) is as old as its own time says.
+			if deniedOnly && ev.Decision != audit.Deny || !since.IsZero() && !ev.Time.IsZero() && ev.Time.Before(since) {
 				continue
 			}
 			if len(ring) < limit {

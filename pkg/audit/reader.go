@@ -104,6 +104,11 @@ func Tail(ctx context.Context, nc *nats.Conn, o TailOptions, fn func(Event) erro
 		if o.Denied && ev.Decision != Deny || len(tokens) > 0 && !tokens[ev.Token] {
 			continue
 		}
+		// The stream's time of an event copied from a single host's store into a cluster's
+		// (bus.Migrate) is when it was copied: its own time says whether it is recent.
+		if !o.Since.IsZero() && !ev.Time.IsZero() && ev.Time.Before(o.Since) {
+			continue
+		}
 		if err := fn(ev); err != nil {
 			return err
 		}

@@ -187,6 +187,10 @@ func (s *Server) migrateSingleHost(ctx context.Context) error {
 	defer nc.Close()
 	s.log.Info().Str("from", from).Msg("cluster: migrating the single-host store into the cluster's")
 	st, err := Migrate(ctx, MigrateConfig{From: from, To: nc, Host: s.cluster.Host, Log: s.log})
+	if errors.Is(err, errdefs.ErrConflict) {
+		// `nexus cluster migrate` runs it: wait for its marker.
+		return WaitMigrated(ctx, s.home, s.log)
+	}
 	if err != nil {
 		return fmt.Errorf("cluster: migrating the single-host store %s: %w (the services wait for it; to start without it move that directory away, and copy it later with `nexus cluster migrate --from`)", from, err)
 	}

@@ -137,6 +137,15 @@ func Migrate(ctx context.Context, cfg MigrateConfig) (MigrateStats, error) {
 	if _, err := os.Stat(cfg.From); err != nil {
 		return MigrateStats{}, errdefs.NotFound("no store to migrate at %s", cfg.From)
 	}
+	// One migration of a store at a time: the bus's and `nexus cluster migrate`'s.
+	lock, err := lockFile(cfg.From + ".lock")
+	if err != nil {
+		return MigrateStats{}, errdefs.Conflict("a migration of %s is under way already", cfg.From)
+	}
+	defer lock.Close()
+	if st, done := Migrated(cfg.From); done { // finished while this one waited for the lock
+		return st, errdefs.Conflict("%s was migrated already (%s): %s", cfg.From, st.Time.Format(time.RFC3339), MigratedMarker(cfg.From))
+	}
 	prog := migrateProgress{Stats: MigrateStats{From: cfg.From}, Streams: map[string]*streamProgress{}}
 	if b, err := os.ReadFile(progressFile(cfg.From)); err == nil {
 		if json.Unmarshal(b, &prog) != nil || prog.Streams == nil {
@@ -471,4 +480,24 @@ func copyFile(from, to string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// WaitMigrated returns once h has no single-host store pending migration (MigrationPending):
+// at once on a home without one. The services of `nexus serve <service>` on the node that ran
+// `nexus cluster init` wait with it for their bus to bring the records along, saying every ten
+// seconds what they wait for, until ctx ends.
+func WaitMigrated(ctx context.Context, h home.Dir, log zerolog.Logger) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for n := 0; MigrationPending(h); n++ {
+		if n%10 == 0 {
+			log.Warn().Str("from", SingleHostStore(h)).Msg("cluster: waiting for the bus to migrate the single-host store before starting")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
 }

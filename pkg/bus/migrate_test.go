@@ -280,3 +280,28 @@ func treeSum(t *testing.T, dir string) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// TestServicesWaitForTheMigration: on a home whose single-host store `nexus cluster init` set
+// aside, a service run on its own waits for its bus to write the migration's marker.
+func TestServicesWaitForTheMigration(t *testing.T) {
+	h := home.Dir(testutil.IsolateHome(t))
+	if err := bus.WaitMigrated(context.Background(), h, zerolog.Nop()); err != nil {
+		t.Fatalf("a home with nothing to migrate: %v", err)
+	}
+	if err := os.MkdirAll(bus.SingleHostStore(h), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if err := bus.WaitMigrated(ctx, h, zerolog.Nop()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with the store not migrated yet: %v, want still waiting at the deadline", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- bus.WaitMigrated(context.Background(), h, zerolog.Nop()) }()
+	if err := os.WriteFile(bus.MigratedMarker(bus.SingleHostStore(h)), []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("after the marker: %v", err)
+	}
+}
