@@ -345,6 +345,7 @@ func (b *boot) machineSpec() hypervisor.Spec {
 		spec.Mounts = append(spec.Mounts, hypervisor.Mount{HostPath: m.Host, Tag: hypervisor.MountTag(i), ReadOnly: m.ReadOnly,
 			Guest: m.Guest, Remount: m.Remount, Virtiofs: wantsVirtiofs(m, asRoot)})
 	}
+	spec.FreePageReporting = hypervisor.ReportsFreePages(spec.Mounts)
 	spec.ExtraDisks = b.disks
 	return spec
 }

@@ -76,6 +76,11 @@ type Spec struct {
 	MAC        string // default MACFor(ID)
 	Mounts     []Mount
 	ExtraDisks []Disk
+	// FreePageReporting gives the host back the RAM the guest frees (QEMU: a virtio-balloon
+	// reporting free pages, which punches holes in the RAM file). Only for a VM that is never
+	// saved: QEMU 7.2 punches the file even when it is mapped copy-on-write, so a VM restored
+	// from a snapshot or template would zero pages its siblings map (ReportsFreePages).
+	FreePageReporting bool `json:",omitempty"`
 
 	// NetdevArgs (QEMU only), when set, replace the NIC's `-netdev stream…` arguments with other QEMU
 	// arguments defining netdev id net0 (e.g. "-netdev", "user,id=net0"): benchmarks compare
@@ -87,6 +92,18 @@ type Spec struct {
 	// Incoming restores a saved VM (Driver.Restore): RAMPath is a snapshot's RAM file, mapped
 	// share=off (copy-on-write, never removed) and QEMU waits stopped for the device state.
 	Incoming bool
+}
+
+// ReportsFreePages says whether a VM of these mounts may report its free pages: one with a mount
+// that refuses snapshots and forks (a live mount that is not dropped and mounted again around
+// a snapshot) is never saved, so its RAM file is its own.
+func ReportsFreePages(mounts []Mount) bool {
+	for _, m := range mounts {
+		if !m.Remount || m.Guest == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // MACFor is the MAC address a VM with this id gets when its spec names none (vmm.MACFor). A

@@ -30,14 +30,15 @@ import (
 // DefaultModules are the modules a nexus guest needs; built-in ones are skipped at build time.
 var DefaultModules = []string{
 	"virtio_mmio", "virtio_blk", "virtio_net", "virtio_console",
-	"9p", "9pnet_virtio", "virtiofs", "overlay",
+	"9p", "9pnet_virtio", "virtiofs", "virtio_balloon", "overlay",
 	"vsock", "vmw_vsock_virtio_transport", "vsock_loopback",
 	"crc32c_generic", "ext4", "af_packet",
 }
 
 // SharesModules are the modules only a guest with host shares to mount (9p, virtiofs) loads:
-// under emulation they cost a guest without shares some 70 ms of boot.
-var SharesModules = []string{"9p", "9pnet_virtio", "virtiofs"}
+// under emulation they cost a guest without shares some 70 ms of boot. virtio_balloon is among
+// them: only a VM with a live mount reports its free pages (hypervisor.ReportsFreePages).
+var SharesModules = []string{"9p", "9pnet_virtio", "virtiofs", "virtio_balloon"}
 
 // ModuleListPath is where the guest finds absolute module paths in load order, one per line;
 // those after the agentproto.SharesModulesMarker line only when it has host shares.

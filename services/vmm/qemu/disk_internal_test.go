@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/IniZio/nexus/services/vmm/hypervisor"
 )
 
 // TestDisksReportErrors: every disk hands write and read errors to the guest instead of pausing
@@ -74,5 +76,39 @@ func TestBlockIOErrorCounted(t *testing.T) {
 	de := q.DiskErrors()
 	if de.Count != 2 || de.NoSpace != 1 || de.Last != "disk0 read: Input/output error" || de.LastAt.Unix() != 2 {
 		t.Fatalf("disk errors %+v", de)
+	}
+}
+
+// TestFreePageReportingOnlyOnAVMNeverSaved: the balloon that reports free pages is on a VM
+// that asks for it, never on a restore (QEMU 7.2 would punch the snapshot or template file).
+func TestFreePageReportingOnlyOnAVMNeverSaved(t *testing.T) {
+	has := func(s VMSpec) bool {
+		return strings.Contains(strings.Join(commandLine(&s, AccelTCG, "/dev/shm/r", time.Unix(0, 0)), " "), "virtio-balloon-device,free-page-reporting=on")
+	}
+	base := VMSpec{ID: "a", Dir: "/tmp/x", Kernel: "/k", Initrd: "/i", MemoryMiB: 256, VCPUs: 1}
+	if has(base) {
+		t.Error("a VM that did not ask reports free pages")
+	}
+	on := base
+	on.FreePageReporting = true
+	if !has(on) {
+		t.Error("a VM that asked does not report free pages")
+	}
+	on.Incoming = true
+	if has(on) {
+		t.Error("a restored VM reports free pages into its snapshot's file")
+	}
+	for _, tc := range []struct {
+		mounts []Mount
+		want   bool
+	}{
+		{nil, false},
+		{[]Mount{{HostPath: "/h/.claude", Guest: "/root/.claude", Remount: true}}, false},
+		{[]Mount{{HostPath: "/w", Guest: "/work"}}, true},
+		{[]Mount{{HostPath: "/h/.claude", Guest: "/root/.claude", Remount: true}, {HostPath: "/w", Guest: "/work", Virtiofs: true}}, true},
+	} {
+		if got := hypervisor.ReportsFreePages(tc.mounts); got != tc.want {
+			t.Errorf("ReportsFreePages(%+v) = %v, want %v", tc.mounts, got, tc.want)
+		}
 	}
 }
