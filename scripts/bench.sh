@@ -4,6 +4,8 @@
 # ratios, not the absolute numbers.
 #
 # `scripts/bench.sh --header` prints only the header: where and at which commit the figures are taken.
+# `scripts/bench.sh --only REGEX` runs only the rows whose package and pattern match REGEX (e.g.
+# 'Warm|IdlePSS|Boot|GitStatus|IdleCPU') and prints their table without touching BENCH.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,6 +75,10 @@ if [ "${1:-}" = --header ]; then
 	header "$started" "$at"
 	exit 0
 fi
+only=""
+if [ "${1:-}" = --only ]; then
+	only=${2:?--only needs a regular expression}
+fi
 out=$(mktemp)
 # package, benchmark pattern, iterations: slow whole-VM figures a few times, latencies many times.
 # Each line is its own `go test` (its own stack): the boot figure is taken first, on a quiet
@@ -103,6 +109,9 @@ runs=(
 for r in "${runs[@]}"; do
 	read -r pkg pattern benchtime <<<"$r"
 	[ -d "$pkg" ] || continue
+	if [ -n "$only" ] && ! grep -Eq -- "$only" <<<"$pkg $pattern"; then
+		continue
+	fi
 	echo "== $pkg $pattern" >&2
 	go test -run '^$' -bench "$pattern" -benchtime "$benchtime" "$pkg" 2>&1 | tee -a "$out" >&2 || true
 done
@@ -115,6 +124,12 @@ done
 		metrics=$(echo "$rest" | tr -s '\t ' '  ' | sed -E 's/([0-9.]+) ([^ ]+)/\1 \2;/g; s/;[[:space:]]*$//; s/;[[:space:]]+/; /g')
 		echo "| ${name%-*} | $iters | $metrics |"
 	done
-} > BENCH.md
+} > "$out.md"
 rm -f "$out"
-cat BENCH.md
+if [ -z "$only" ]; then
+	mv "$out.md" BENCH.md
+	cat BENCH.md
+else
+	cat "$out.md"
+	rm -f "$out.md"
+fi
