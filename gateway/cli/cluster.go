@@ -92,7 +92,7 @@ Without --control the host is a worker: its bus has no gateway, credbroker or ad
 // clusterMigrateCommand is `nexus cluster migrate`: copy a store set aside by init or join
 // into the cluster's (the bus does it by itself for init's once the store serves).
 func clusterMigrateCommand() *cobra.Command {
-	var from string
+	var from, as string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Copy the records and audit history of a store set aside by init or join into the cluster's",
@@ -107,8 +107,9 @@ The host that ran init migrates bus/jetstream.single-host by itself once the clu
 serves, before its services start; this command is for the store a joining host set aside
 (bus/jetstream.before-join), which is not migrated by itself: its sandboxes' names may be taken
 in the cluster already. Run it on a control host (init's, or one joined with --control) with
-its bus up and the cluster's store serving.`,
-		Example: "  nexus cluster migrate --from ~/.nexus/bus/jetstream.before-join",
+its bus up and the cluster's store serving; for a worker's store, copy its directory to the
+control host and name the worker with --host.`,
+		Example: "  nexus cluster migrate --from ~/.local/share/nexus/bus/jetstream.before-join\n  nexus cluster migrate --from /tmp/b-before-join --host b   # a worker's store, copied here",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			g, err := Globals(cmd)
@@ -140,7 +141,10 @@ its bus up and the cluster's store serving.`,
 			if err != nil {
 				return errdefs.Unavailable("the cluster's store does not serve yet (a quorum of its bus nodes, two of three, must be up): %v", err)
 			}
-			st, err := bus.Migrate(ctx, bus.MigrateConfig{From: from, To: nc, Host: c.Host, Log: g.Log})
+			if as == "" {
+				as = c.Host
+			}
+			st, err := bus.Migrate(ctx, bus.MigrateConfig{From: from, To: nc, Host: as, Log: g.Log})
 			if err != nil {
 				return err
 			}
@@ -152,6 +156,7 @@ its bus up and the cluster's store serving.`,
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "the store set aside (default $NEXUS_HOME/bus/jetstream.single-host)")
+	cmd.Flags().StringVar(&as, "host", "", "the host the store's sandboxes run on: their host \"local\" becomes it (default this host)")
 	return cmd
 }
 
