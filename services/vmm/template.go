@@ -29,10 +29,10 @@ import (
 //	$NEXUS_HOME/templates/<key>/  state, ram, disk.qcow2 (as a snapshot) and template.json
 //
 // The key hashes the shape and everything the saved guest came from: the image build, kernel,
-// initramfs (which holds the agent), QEMU and nexus versions; any of them changing gives a new
-// key, so a stale template is never restored. The template's VM is never configured: no
-// hostname, env, placeholder, CA, file or mount of a sandbox reaches it (its shares point at an
-// empty directory and are never mounted).
+// initramfs (which holds the agent), the kernel command line every guest shares (its clock),
+// QEMU and nexus versions; any of them changing gives a new key, so a stale template is never
+// restored. The template's VM is never configured: no hostname, env, placeholder, CA, file or
+// mount of a sandbox reaches it (its shares point at an empty directory and are never mounted).
 //
 // A create of a new sandbox of that shape restores the template (warmBoot): its own qcow2
 // overlay over the template's disk, the template's RAM mapped privately (copy-on-write: idle
@@ -96,6 +96,9 @@ func (s *Service) templateKey(b *boot, img *image.Info, sh api.TemplateShape) st
 	fmt.Fprintf(h, "nexus-template-v1\nnexus %s\n", s.cfg.Version)
 	if v, ok := s.drv.(interface{ Version() string }); ok {
 		fmt.Fprintf(h, "hypervisor %s\n", v.Version())
+	}
+	if c, ok := s.drv.(interface{ GuestCmdline() string }); ok {
+		fmt.Fprintf(h, "cmdline %s\n", c.GuestCmdline())
 	}
 	fmt.Fprintf(h, "kernel %s %s %s\ninitramfs %s\n", b.kern.Version, b.kern.VmlinuxPath, b.kern.VmlinuzPath, b.initrd)
 	fmt.Fprintf(h, "image %s %s %s\n", img.Key, img.Digest, img.Built.UTC().Format(time.RFC3339Nano))

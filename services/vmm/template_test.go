@@ -42,7 +42,8 @@ func TestTemplateKey(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "rootfs.ext4")
 	os.WriteFile(base, []byte("image"), 0o600)
-	s := &Service{cfg: Config{Home: home.Dir(dir), Version: "v1"}}
+	drv := &cmdlineDriver{cmdline: "console=ttyS0 tsc=reliable"}
+	s := &Service{cfg: Config{Home: home.Dir(dir), Version: "v1"}, drv: drv}
 	b := &boot{s: s, kern: &kernel.Kernel{Version: "6.1", VmlinuxPath: "/k/vmlinux"}, initrd: "/c/initramfs-aa.cpio"}
 	img := &image.Info{Key: "nexus-mini", Path: base, Built: time.Unix(1, 0)}
 	sh := api.TemplateShape{MemoryMiB: 256, VCPUs: 1, Net: true}
@@ -59,6 +60,7 @@ func TestTemplateKey(t *testing.T) {
 		"memory":        func() { sh.MemoryMiB = 512 },
 		"shares":        func() { sh.Shares = 1 },
 		"no NIC":        func() { sh.Net = false },
+		"guest cmdline": func() { drv.cmdline = "console=ttyS0" },
 	}
 	seen := map[string]string{key: "first"}
 	for what, change := range changes {
@@ -70,6 +72,14 @@ func TestTemplateKey(t *testing.T) {
 		seen[k] = what
 	}
 }
+
+// cmdlineDriver is a Driver whose guests all boot with cmdline (nothing else of it is called).
+type cmdlineDriver struct {
+	Driver
+	cmdline string
+}
+
+func (d *cmdlineDriver) GuestCmdline() string { return d.cmdline }
 
 // A template a sandbox's disk is backed by is not removed; once it is gone, it is.
 func TestRemoveTemplateKeepsUsed(t *testing.T) {

@@ -180,16 +180,38 @@ func createRAM(p string) error {
 	return f.Close()
 }
 
-// kernelCmdline builds the command line the agent reads (see the agent's contract).
-func kernelCmdline(s *VMSpec, accel string, now time.Time) string {
+// baseCmdline starts every guest's kernel command line under accel, sandboxes' and bare boots'
+// alike: console, panic behaviour and, under TCG, the clock.
+//
+// Under TCG the guest's PIT-based TSC calibration fails when the host is busy and the kernel
+// then hangs with an unstable TSC; handing it the host TSC rate (tsc_early_khz) avoids that.
+// tsc=reliable turns off the kernel's clocksource watchdog for the TSC, which TCG derives from
+// the host's own (constant rate, one for all vCPUs): microvm has no HPET or ACPI PM timer, so
+// the watchdog checks the TSC against jiffies, which lose ticks whenever the host leaves the
+// vCPU thread waiting (a loaded boot). It then marked the TSC unstable and the guest fell back
+// to refined-jiffies: no high-resolution timers, no tickless idle, the 250 Hz tick running in
+// every idle sandbox (11 times the host CPU of a guest on the TSC), and a clock that lost time.
+func baseCmdline(accel string) []string {
 	t := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet"}
 	if accel == AccelTCG {
-		// Under TCG the guest's PIT-based TSC calibration fails when the host is busy and the
-		// kernel then hangs with an unstable TSC; handing it the host TSC rate avoids that.
 		if khz := hostTSCkHz(); khz > 0 {
 			t = append(t, "tsc_early_khz="+strconv.Itoa(khz))
 		}
+		t = append(t, "tsc=reliable")
 	}
+	return t
+}
+
+// GuestCmdline is the part of every guest's kernel command line that is the same for all VMs
+// of this driver, under either accelerator: a template's saved guest booted with it, so the
+// template's key includes it and a change of it rebuilds templates.
+func (d *Driver) GuestCmdline() string {
+	return "tcg: " + strings.Join(baseCmdline(AccelTCG), " ") + "; kvm: " + strings.Join(baseCmdline(AccelKVM), " ")
+}
+
+// kernelCmdline builds the command line the agent reads (see the agent's contract).
+func kernelCmdline(s *VMSpec, accel string, now time.Time) string {
+	t := baseCmdline(accel)
 	if s.Disk != "" {
 		t = append(t, "nexus.root=/dev/vda")
 	}
