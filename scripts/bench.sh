@@ -87,6 +87,7 @@ runs=(
 	"./e2e/bench ^BenchmarkBoot$ 3x"
 	"./e2e/bench IdleMemory|Create10|Fork|Pause|CreateFirstExecImage 3x"
 	"./e2e/bench ^BenchmarkWarm|IdlePSS10 1x"
+	"./e2e/bench IdleCPU 1x"
 	"./e2e/bench ExecTrue|Keystroke|Clone|ExecAPI 200x"
 	"./e2e/bench GuestNet 1x"
 	"./e2e/bench NoisyNeighbour 1x"

@@ -156,7 +156,14 @@ func splitModules(k *kernel.Kernel, modules []string) ([]moduleSection, error) {
 }
 
 // BuildProbe writes the accelerator-probe initramfs (ProbeInit as /init) into outDir.
-func BuildProbe(outDir string) (string, error) {
+func BuildProbe(outDir string) (string, error) { return buildInit(outDir, "probe", ProbeInit()) }
+
+// BuildSleeper writes the initramfs whose /init only sleeps (SleepInit) into outDir.
+func BuildSleeper(outDir string) (string, error) { return buildInit(outDir, "sleep", SleepInit()) }
+
+// buildInit writes an initramfs of /dev/console and init as /init into outDir, named after
+// prefix and init's hash.
+func buildInit(outDir, prefix string, init []byte) (string, error) {
 	a := NewArchive()
 	if err := a.Dir("dev", 0o755); err != nil {
 		return "", err
@@ -164,12 +171,11 @@ func BuildProbe(outDir string) (string, error) {
 	if err := a.CharDev("dev/console", 0o600, 5, 1); err != nil {
 		return "", err
 	}
-	probe := ProbeInit()
-	if err := a.File("init", 0o755, probe); err != nil {
+	if err := a.File("init", 0o755, init); err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(probe)
-	out := filepath.Join(outDir, "probe-"+hex.EncodeToString(sum[:])[:16]+".cpio")
+	sum := sha256.Sum256(init)
+	out := filepath.Join(outDir, prefix+"-"+hex.EncodeToString(sum[:])[:16]+".cpio")
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}

@@ -1,12 +1,15 @@
 package initramfs_test
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/IniZio/nexus/pkg/agentproto"
@@ -195,5 +198,29 @@ func TestProbeInitOnHost(t *testing.T) {
 	}
 	if string(out) != initramfs.ProbeMarker+"\n" {
 		t.Fatalf("output = %q", out)
+	}
+}
+
+// TestSleepInitOnHost runs the sleeper binary as an ordinary process: it prints its marker and
+// then sleeps until a signal ends it (it neither exits nor crashes on its own).
+func TestSleepInitOnHost(t *testing.T) {
+	cmd := exec.Command(agentFile(t, initramfs.SleepInit()))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("sleep init: %v", err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if line != initramfs.SleepMarker+"\n" {
+		cmd.Process.Kill()
+		t.Fatalf("output = %q (%v)", line, err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("sleep init ended with %v, want killed by SIGTERM while it slept", err)
 	}
 }

@@ -32,13 +32,36 @@ var probeCode = []byte{
 // ProbeInit returns a minimal static x86-64 ELF executable that, as PID 1, writes ProbeMarker
 // to its stdout (the console) and powers the machine off. It needs no libc and no modules, so
 // it measures bare kernel boot to /init and proves an accelerator can run a guest.
-func ProbeInit() []byte {
+func ProbeInit() []byte { return staticELF(probeCode) }
+
+// SleepMarker is the line the sleeper init writes to the console before it sleeps.
+const SleepMarker = "NEXUS-SLEEP-OK"
+
+// sleepCode is x86-64 machine code (assembled once with GNU as, bytes checked with objdump):
+//
+//	mov eax,1; mov edi,1; lea rsi,[rip+msg]; mov edx,15; syscall   ; write(1, msg, 15)
+//	again: mov eax,34; syscall; jmp again                          ; pause() for ever
+//	msg: "NEXUS-SLEEP-OK\n"
+var sleepCode = []byte{
+	0xb8, 0x01, 0x00, 0x00, 0x00, 0xbf, 0x01, 0x00, 0x00, 0x00, 0x48, 0x8d,
+	0x35, 0x10, 0x00, 0x00, 0x00, 0xba, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05,
+	0xb8, 0x22, 0x00, 0x00, 0x00, 0x0f, 0x05, 0xeb, 0xf7,
+	'N', 'E', 'X', 'U', 'S', '-', 'S', 'L', 'E', 'E', 'P', '-', 'O', 'K', '\n',
+}
+
+// SleepInit returns a static x86-64 ELF executable that writes SleepMarker and then sleeps
+// until a signal, for ever: as PID 1 it is the idle guest with nothing of nexus in it, the
+// baseline of what an idle sandbox costs the host. Run outside a VM it waits for a signal too.
+func SleepInit() []byte { return staticELF(sleepCode) }
+
+// staticELF wraps x86-64 code, entered at its first byte, in a one-segment static executable.
+func staticELF(code []byte) []byte {
 	const (
 		base     = 0x400000
 		ehdrSize = 64
 		phdrSize = 56
 	)
-	total := uint64(ehdrSize + phdrSize + len(probeCode))
+	total := uint64(ehdrSize + phdrSize + len(code))
 	var b bytes.Buffer
 	le := binary.LittleEndian
 	b.Write([]byte{0x7f, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
@@ -63,6 +86,6 @@ func ProbeInit() []byte {
 	binary.Write(&b, le, total)                          // p_filesz
 	binary.Write(&b, le, total)                          // p_memsz
 	binary.Write(&b, le, uint64(0x1000))                 // p_align
-	b.Write(probeCode)
+	b.Write(code)
 	return b.Bytes()
 }

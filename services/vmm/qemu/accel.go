@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -122,51 +124,74 @@ type BootSpec struct {
 // BootToMarker boots spec and returns the wall time from exec to Marker on the console. QEMU is
 // killed once the marker is seen (or on error); ctx bounds the whole boot.
 func (d *Driver) BootToMarker(ctx context.Context, spec BootSpec) (time.Duration, error) {
+	vm, err := d.StartBare(ctx, spec)
+	if err != nil {
+		return 0, err
+	}
+	vm.Stop()
+	return vm.Boot, nil
+}
+
+// BareVM is a bare boot left running once its marker was seen (StartBare).
+type BareVM struct {
+	// Pid is QEMU's process id.
+	Pid int
+	// Boot is the wall time from exec to the marker on the console.
+	Boot time.Duration
+	stop func()
+}
+
+// Stop kills QEMU and waits for it to exit.
+func (v *BareVM) Stop() { v.stop() }
+
+// StartBare boots spec and returns once Marker is on the console, QEMU still running (its
+// console still drained) until Stop; ctx bounds the boot, not the VM's life after it.
+func (d *Driver) StartBare(ctx context.Context, spec BootSpec) (*BareVM, error) {
 	if spec.MemoryMiB == 0 {
 		spec.MemoryMiB = 256
 	}
 	if spec.VCPUs == 0 {
 		spec.VCPUs = 1
 	}
-	cpu, accel := "max", "tcg,thread=multi"
+	cpu, accel, name := "max", "tcg,thread=multi", AccelTCG
 	if spec.Accel == AccelKVM {
-		cpu, accel = "host", "kvm"
+		cpu, accel, name = "host", "kvm", AccelKVM
 	}
 	mem := strconv.Itoa(spec.MemoryMiB) + "M"
-	cmdline := "console=ttyS0 reboot=t panic=-1 quiet"
-	if spec.Accel != AccelKVM {
-		if khz := hostTSCkHz(); khz > 0 {
-			cmdline += " tsc_early_khz=" + strconv.Itoa(khz)
-		}
-	}
-	for _, t := range spec.Cmdline {
-		cmdline += " " + t
-	}
+	cmdline := strings.Join(append(baseCmdline(name), spec.Cmdline...), " ")
 	machine := "microvm,x-option-roms=off"
 	args := []string{"-accel", accel, "-cpu", cpu, "-m", mem, "-smp", strconv.Itoa(spec.VCPUs)}
+	ram := ""
 	if spec.RAMFile {
 		f, err := os.CreateTemp("/dev/shm", "nexus-boot-*.ram")
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		f.Close()
-		defer os.Remove(f.Name())
+		ram = f.Name()
 		machine += ",memory-backend=mem"
-		args = append(args, "-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+f.Name()+",share=on")
+		args = append(args, "-object", "memory-backend-file,id=mem,size="+mem+",mem-path="+ram+",share=on")
 	}
 	args = append(args, "-M", machine, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", spec.Kernel, "-initrd", spec.Initrd, "-append", cmdline, "-serial", "stdio")
 	cmd := exec.Command(d.binary, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	removeRAM := func() {
+		if ram != "" {
+			os.Remove(ram)
+		}
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return 0, err
+		removeRAM()
+		return nil, err
 	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("boot: %w", err)
+		removeRAM()
+		return nil, fmt.Errorf("boot: %w", err)
 	}
 	found := make(chan time.Duration, 1)
 	go func() {
@@ -183,18 +208,21 @@ func (d *Driver) BootToMarker(ctx context.Context, spec BootSpec) (time.Duration
 		}
 		close(found)
 	}()
-	defer func() {
+	stop := func() {
 		cmd.Process.Kill()
 		cmd.Wait()
-	}()
+		removeRAM()
+	}
 	select {
 	case dt, ok := <-found:
 		if !ok {
-			return 0, fmt.Errorf("boot: qemu exited before %q: %s", spec.Marker, lastOf(stderr.String()))
+			stop()
+			return nil, fmt.Errorf("boot: qemu exited before %q: %s", spec.Marker, lastOf(stderr.String()))
 		}
-		return dt, nil
+		return &BareVM{Pid: cmd.Process.Pid, Boot: dt, stop: sync.OnceFunc(stop)}, nil
 	case <-ctx.Done():
-		return 0, fmt.Errorf("boot: no %q on the console: %w", spec.Marker, ctx.Err())
+		stop()
+		return nil, fmt.Errorf("boot: no %q on the console: %w", spec.Marker, ctx.Err())
 	}
 }
 
