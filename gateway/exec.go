@@ -39,23 +39,31 @@ func (g *Service) running(ctx context.Context, name string) (*api.Sandbox, error
 	return sb, nil
 }
 
-func (g *Service) exec(ctx context.Context, r api.ExecRequest) (api.Empty, error) {
+// exec and copy start a session on the caller's stream at the vmm of the sandbox's host, and
+// name that host: the caller's stream then hears no other host's vmm on the same session id.
+func (g *Service) exec(ctx context.Context, r api.ExecRequest) (api.Started, error) {
 	sb, err := g.running(ctx, r.Name)
 	if err != nil {
-		return api.Empty{}, err
+		return api.Started{}, err
 	}
-	return api.Empty{}, g.vmm(sb.Host).Exec(ctx, vmmapi.ExecRequest{
+	if err := g.vmm(sb.Host).Exec(ctx, vmmapi.ExecRequest{
 		ID: sb.ID, SID: r.SID, Argv: r.Argv, Env: r.Env, Dir: r.Dir, TTY: r.TTY, Rows: r.Rows, Cols: r.Cols,
 		Stdin: r.Stdin, Timeout: r.Timeout, User: r.User,
-	})
+	}); err != nil {
+		return api.Started{}, err
+	}
+	return api.Started{Host: sb.Host}, nil
 }
 
-func (g *Service) copy(ctx context.Context, r api.CopyRequest) (api.Empty, error) {
+func (g *Service) copy(ctx context.Context, r api.CopyRequest) (api.Started, error) {
 	sb, err := g.running(ctx, r.Name)
 	if err != nil {
-		return api.Empty{}, err
+		return api.Started{}, err
 	}
-	return api.Empty{}, g.vmm(sb.Host).Copy(ctx, vmmapi.CopyRequest{ID: sb.ID, SID: r.SID, ToGuest: r.ToGuest, Path: r.Path, Mode: r.Mode, Size: r.Size})
+	if err := g.vmm(sb.Host).Copy(ctx, vmmapi.CopyRequest{ID: sb.ID, SID: r.SID, ToGuest: r.ToGuest, Path: r.Path, Mode: r.Mode, Size: r.Size}); err != nil {
+		return api.Started{}, err
+	}
+	return api.Started{Host: sb.Host}, nil
 }
 
 func (g *Service) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse, error) {
@@ -100,8 +108,7 @@ func (g *Service) runIn(ctx context.Context, req api.ExecRequest, stdin *string,
 	if stdin != nil {
 		pipes.Stdin = strings.NewReader(*stdin)
 	}
-	start := func(ctx context.Context, r api.ExecRequest) error { _, err := g.exec(ctx, r); return err }
-	exit, err := api.RunSession(ctx, g.cfg.Bus, req, start, pipes)
+	exit, err := api.RunSession(ctx, g.cfg.Bus, req, g.exec, pipes)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, errdefs.Unavailable("exec in %s: no exit status after %s: the sandbox stopped answering", req.Name, timeout)

@@ -132,17 +132,17 @@ func execWebSocket(s *Service, w http.ResponseWriter, r *http.Request) error {
 	resize := make(chan vmmapi.Resize, 4)
 	pipes := api.IO{Stdin: stdinR, Stdout: ws.writer(ChanStdout), Stderr: ws.writer(ChanStderr), Resize: resize}
 	var conn *websocket.Conn
-	exec := func(ectx context.Context, req api.ExecRequest) error {
-		if err := c.Exec(ectx, req); err != nil {
-			return err
+	exec := func(ectx context.Context, req api.ExecRequest) (api.Started, error) {
+		started, err := c.Exec(ectx, req)
+		if err != nil {
+			return started, err
 		}
-		var err error
 		if conn, err = upgrader.Upgrade(w, r, nil); err != nil {
-			return err
+			return started, err
 		}
 		ws.set(conn)
 		go ws.readLoop(conn, stdinW, req.Stdin, resize, cancel)
-		return nil
+		return started, nil
 	}
 	exit, err := api.RunSession(ctx, c.Conn(), req, exec, pipes)
 	stdinR.Close()

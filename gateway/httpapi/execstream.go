@@ -111,15 +111,16 @@ func execStream(s *Service, w http.ResponseWriter, r *http.Request) error {
 		pipes.Stdin = strings.NewReader(*b.Stdin)
 	}
 	started := false
-	exec := func(ectx context.Context, req api.ExecRequest) error {
-		if err := c.Exec(ectx, req); err != nil {
-			return err
+	exec := func(ectx context.Context, req api.ExecRequest) (api.Started, error) {
+		reply, err := c.Exec(ectx, req)
+		if err != nil {
+			return reply, err
 		}
 		started = true
 		w.Header().Set("Content-Type", ExecStreamType)
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(http.StatusOK)
-		return fw.rc.Flush()
+		return reply, fw.rc.Flush()
 	}
 	exit, err := api.RunSession(ctx, c.Conn(), req, exec, pipes)
 	if !started {

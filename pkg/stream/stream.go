@@ -277,28 +277,26 @@ func (s *Session) Bind(host string) error {
 	if host == "" {
 		return nil
 	}
-	if strings.ContainsAny(host, ".*> \t\r\n") {
-		err := fmt.Errorf("stream: %q is not a host name", host)
-		s.fail(err)
-		return err
-	}
 	s.mu.Lock()
-	if s.closed {
-		defer s.mu.Unlock()
-		return s.err
+	defer s.mu.Unlock()
+	var err error
+	if strings.ContainsAny(host, ".*> \t\r\n") {
+		err = fmt.Errorf("stream: %q is not a host name", host)
+	} else if peer := hostOf(s.recv, s.sid); peer != "" && peer != host {
+		err = fmt.Errorf("stream: session %s is served by host %s, but host %s spoke on it first", s.sid, host, peer)
 	}
-	if peer := hostOf(s.recv, s.sid); peer != "" && peer != host {
-		err := fmt.Errorf("stream: session %s is served by host %s, but host %s spoke on it first", s.sid, host, peer)
+	if err != nil { // nothing the wrong host sent is read
 		s.queue, s.buffered = nil, 0
 		s.closed, s.err = true, err
 		s.cond.Broadcast()
-		s.mu.Unlock()
 		s.once.Do(func() { close(s.done) })
 		return err
 	}
-	s.send, s.recv = InSubject(host, s.sid), OutSubject(host, s.sid)
-	s.cond.Broadcast()
-	s.mu.Unlock()
+	// A session its host has already ended keeps what it sent for Recv.
+	if !s.closed {
+		s.send, s.recv = InSubject(host, s.sid), OutSubject(host, s.sid)
+		s.cond.Broadcast()
+	}
 	return nil
 }
 

@@ -320,3 +320,33 @@ func TestBindFailsWhenAnotherHostSpokeFirst(t *testing.T) {
 		t.Fatal("a failed session still sends input")
 	}
 }
+
+// TestBindKeepsWhatAnEndedSessionSent: a command that finished before the gateway's reply
+// arrived (its host sent the output, the exit and the close) still has all of it read after
+// the client binds to that host.
+func TestBindKeepsWhatAnEndedSessionSent(t *testing.T) {
+	b := testutil.NewBus(t)
+	sid := stream.NewID()
+	cli, err := stream.Client(b.Connect(t, bus.UserCLI), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	srv, err := stream.Server(b.Connect(t, bus.UserVMM), bus.LocalHost, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Write(stream.KindStdout, []byte("done"))
+	srv.Send(stream.KindExit, map[string]int{"code": 0})
+	srv.Close()
+	<-cli.Done()
+	if err := cli.Bind(bus.LocalHost); err != nil {
+		t.Fatalf("Bind after the session's host ended it: %v", err)
+	}
+	if m, err := cli.Recv(); err != nil || string(m.Data) != "done" {
+		t.Fatalf("the client got %q (%v); want \"done\"", m.Data, err)
+	}
+	if m, err := cli.Recv(); err != nil || m.Kind != stream.KindExit {
+		t.Fatalf("the client got %s (%v); want the exit", m.Kind, err)
+	}
+}

@@ -140,6 +140,13 @@ type ExecRequest struct {
 	Timeout string   `json:"timeout,omitempty"`
 }
 
+// Started is the reply to an Exec or a Copy: the host whose vmm serves the stream session
+// (the sandbox's), so that the caller hears that host only (stream.Session.Bind). An older
+// gateway names none; the caller then takes the first host to speak.
+type Started struct {
+	Host string `json:"host,omitempty"`
+}
+
 // CopyRequest moves one file between the caller and a sandbox over stream session SID.
 type CopyRequest struct {
 	Name    string `json:"name"`

@@ -34,10 +34,13 @@ func (c *Client) copyStream(ctx context.Context, req CopyRequest, in io.Reader, 
 	}
 	defer sess.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = c.Copy(rctx, req)
+	started, err := c.Copy(rctx, req)
 	cancel()
 	if err != nil {
 		return err
+	}
+	if err := sess.Bind(started.Host); err != nil {
+		return fmt.Errorf("copy %s:%s: %w", req.Name, req.Path, err)
 	}
 	if in != nil {
 		go func() {

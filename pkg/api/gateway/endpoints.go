@@ -25,8 +25,8 @@ var (
 	Pause  = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.pause"}
 	Resume = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.resume"}
 	Remove = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.remove"}
-	Exec   = bus.Endpoint[ExecRequest, Empty]{Scope: bus.GatewayAPI, Verb: "sandbox.exec"}
-	Copy   = bus.Endpoint[CopyRequest, Empty]{Scope: bus.GatewayAPI, Verb: "sandbox.copy"}
+	Exec   = bus.Endpoint[ExecRequest, Started]{Scope: bus.GatewayAPI, Verb: "sandbox.exec"}
+	Copy   = bus.Endpoint[CopyRequest, Started]{Scope: bus.GatewayAPI, Verb: "sandbox.copy"}
 	Logs   = bus.Endpoint[LogsRequest, LogsResponse]{Scope: bus.GatewayAPI, Verb: "sandbox.logs", Read: true}
 	Fork   = bus.Endpoint[ForkRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.fork"}
 	// Ports lists the port forwards of one sandbox by name, or of all when the name is empty.
@@ -108,13 +108,14 @@ func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error)
 func (c *Client) Apply(ctx context.Context, verb Lifecycle, r NamesRequest) ([]Result, error) {
 	return verb.Call(ctx, c.nc, "", r)
 }
-func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
-	_, err := Exec.Call(ctx, c.nc, "", r)
-	return err
+
+// Exec and Copy start a session on the caller's stream (r.SID) and name the host that serves
+// it, which the caller binds the stream to (stream.Session.Bind).
+func (c *Client) Exec(ctx context.Context, r ExecRequest) (Started, error) {
+	return Exec.Call(ctx, c.nc, "", r)
 }
-func (c *Client) Copy(ctx context.Context, r CopyRequest) error {
-	_, err := Copy.Call(ctx, c.nc, "", r)
-	return err
+func (c *Client) Copy(ctx context.Context, r CopyRequest) (Started, error) {
+	return Copy.Call(ctx, c.nc, "", r)
 }
 func (c *Client) Logs(ctx context.Context, r LogsRequest) (LogsResponse, error) {
 	return Logs.Call(ctx, c.nc, "", r)

@@ -28,9 +28,10 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, pipes IO) (vmmapi.Exi
 	return RunSession(ctx, c.nc, req, c.Exec, pipes)
 }
 
-// RunSession opens a stream session on nc, asks exec to start req on it and pumps pipes until
-// the command exits: Run over the gateway's API, or the gateway itself over the vmm's.
-func RunSession(ctx context.Context, nc *nats.Conn, req ExecRequest, exec func(context.Context, ExecRequest) error, pipes IO) (vmmapi.Exit, error) {
+// RunSession opens a stream session on nc, asks exec to start req on it, binds the session to
+// the host exec names and pumps pipes until the command exits: Run over the gateway's API, or
+// the gateway itself over the vmm's.
+func RunSession(ctx context.Context, nc *nats.Conn, req ExecRequest, exec func(context.Context, ExecRequest) (Started, error), pipes IO) (vmmapi.Exit, error) {
 	req.SID = stream.NewID()
 	sess, err := stream.Client(nc, req.SID)
 	if err != nil {
@@ -38,10 +39,13 @@ func RunSession(ctx context.Context, nc *nats.Conn, req ExecRequest, exec func(c
 	}
 	defer sess.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = exec(rctx, req)
+	started, err := exec(rctx, req)
 	cancel()
 	if err != nil {
 		return vmmapi.Exit{}, err
+	}
+	if err := sess.Bind(started.Host); err != nil {
+		return vmmapi.Exit{}, fmt.Errorf("exec: %w", err)
 	}
 	if pipes.Resize != nil {
 		go func() {
