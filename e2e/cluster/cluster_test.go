@@ -5,7 +5,9 @@
 // across the hosts and execs into each, kills every process of one host (its bus node and VMs
 // included), and checks that its sandbox fails with "host h3 lost", that a new sandbox avoids
 // it, that the audit stream and the registry lost nothing, and that the host's sandbox is
-// cleaned up when it comes back. scripts/cluster-demo.sh (make cluster-demo) runs the same steps
+// cleaned up when it comes back; then it kills only the nexus of another host, whose VM runs on,
+// and checks that the sandbox, failed as lost, is running again, the same VM, once the host's
+// nexus is back. scripts/cluster-demo.sh (make cluster-demo) runs the same steps
 // for people to watch. Traffic stays on the bridge and in the namespaces' loopbacks.
 package cluster_test
 
@@ -16,7 +18,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +45,7 @@ func TestMain(m *testing.M) {
 const label = "nexus-test=cluster"
 
 type sandbox struct {
+	ID     string `json:"id"`
 	Name   string `json:"name"`
 	Host   string `json:"host"`
 	State  string `json:"state"`
@@ -400,5 +405,40 @@ func TestThreeHostsOnOneMachine(t *testing.T) {
 			t.Errorf("h3's heartbeat counts %d running sandboxes after its return, want 0", r.Running)
 		}
 	}
+
+	// h2's nexus dies (its bus node and services, a crash or a partition longer than 10 s)
+	// while its VM runs on: the sandbox is failed as lost, and when h2 is back its vmm adopts
+	// the VM again and the record says running, with the guest's state as it was.
+	kept := placed["h2"]
+	c.cli(t, "exec", kept, "--", "sh", "-c", "echo before > /tmp/mark")
+	keptDir := c.hosts[1].Home.Sandbox(c.sandboxes(t)[kept].ID)
+	qemu, err := os.ReadFile(filepath.Join(keptDir, "qemu.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	qpid, _ := strconv.Atoi(strings.TrimSpace(string(qemu)))
+	c.hosts[1].Kill()
+	if qpid <= 0 || syscall.Kill(qpid, 0) != nil {
+		t.Fatalf("the QEMU of %s (pid %d) died with h2's nexus", kept, qpid)
+	}
+	c.waitSandbox(t, kept, 60*time.Second, func(s sandbox) error {
+		if s.State != "failed" || s.Reason != "host h2 lost" {
+			return fmt.Errorf("%s is %s (%q), want failed (host h2 lost)", s.Name, s.State, s.Reason)
+		}
+		return nil
+	})
+	if err := c.hosts[1].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	s = c.waitSandbox(t, kept, 90*time.Second, func(s sandbox) error {
+		if s.State != "running" {
+			return fmt.Errorf("%s is %s (%q) after h2's return, want running again (its VM survived)", s.Name, s.State, s.Reason)
+		}
+		return nil
+	})
+	if out := c.cli(t, "exec", kept, "--", "cat", "/tmp/mark"); out != "before\n" {
+		t.Fatalf("after h2's return %s has %q in /tmp/mark, want the guest as it was", kept, out)
+	}
+	t.Logf("%s after h2's return: %s on %s, the same VM (pid %d)", kept, s.State, s.Host, qpid)
 	c.cli(t, "rm", "--force", "-l", label)
 }
