@@ -156,7 +156,21 @@ func (s *Server) WaitStore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.migrateSingleHost(ctx)
+	// A store just elected may not answer every write at once: a few tries before giving up.
+	for try := 1; ; try++ {
+		err := s.migrateSingleHost(ctx)
+		if err == nil || try == 3 || ctx.Err() != nil {
+			return err
+		}
+		s.log.Warn().Err(err).Msg("cluster: migration failed; trying again in 5s")
+		select {
+		case <-s.stop:
+			return errors.New("bus: stopped while migrating the single-host store")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+	}
 }
 
 // migrateSingleHost migrates, once the cluster's store serves, the single-host store that

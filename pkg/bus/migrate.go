@@ -406,7 +406,14 @@ func openStoreCopy(cfg MigrateConfig) (*nats.Conn, func(), error) {
 	if scratch == "" {
 		scratch = filepath.Dir(cfg.From)
 	}
-	tmp, err := os.MkdirTemp(scratch, ".migrate-")
+	// A copy a run cut off left behind (this one holds the store's lock) goes first.
+	pattern := ".migrate-" + filepath.Base(cfg.From) + ".tmp-"
+	if old, _ := filepath.Glob(filepath.Join(scratch, pattern+"*")); len(old) > 0 {
+		for _, o := range old {
+			os.RemoveAll(o)
+		}
+	}
+	tmp, err := os.MkdirTemp(scratch, pattern)
 	if err != nil {
 		return nil, nil, fmt.Errorf("migrate: %w", err)
 	}
