@@ -26,8 +26,12 @@ const (
 	OpConnect   Op = "connect"
 	OpDialHost  Op = "dial-host" // opened by the agent towards the host
 	OpListeners Op = "listeners"
-	OpShutdown  Op = "shutdown"
-	OpLogs      Op = "logs"
+	// OpWatchListeners keeps its stream open: the agent answers with the guest's listeners at
+	// once and again each time that set changes, until the host closes the stream. Agents older
+	// than it refuse it as an unknown op; the host then asks with OpListeners now and again.
+	OpWatchListeners Op = "watch-listeners"
+	OpShutdown       Op = "shutdown"
+	OpLogs           Op = "logs"
 	// OpExecKill kills the process of the exec on another stream of the same session (Stream):
 	// it reaches the agent while that exec's own stream is held back by a stdin the process
 	// does not read. Agents older than it refuse it as an unknown op.
@@ -229,7 +233,7 @@ func ReadRequest(r io.Reader) (*Request, error) {
 		return nil, err
 	}
 	switch req.Op {
-	case OpPing, OpConfigure, OpListeners, OpShutdown, OpLogs:
+	case OpPing, OpConfigure, OpListeners, OpWatchListeners, OpShutdown, OpLogs:
 	case OpExec:
 		if req.Exec == nil {
 			return nil, errdefs.Invalid("exec: missing request body")

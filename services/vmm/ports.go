@@ -12,12 +12,18 @@ import (
 
 	"github.com/IniZio/nexus/pkg/agentproto"
 	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
+	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 // How the listeners of a guest are watched for the port forwarder.
 var (
-	// ListenerPoll is how often the agent is asked for its listening sockets.
+	// ListenerPoll is how often an agent that cannot push its listeners (one from before
+	// watch-listeners, in a VM adopted from an older nexus) is asked for them, and how long a
+	// watch that failed waits before it is opened again.
 	ListenerPoll = 500 * time.Millisecond
+	// ListenerGap is the least time between two sets taken from a guest that pushes them: a
+	// guest pushing faster only waits (its stream's window fills).
+	ListenerGap = 100 * time.Millisecond
 	// ListenerRepublish is how often an unchanged set is published again, so a restarted
 	// portfwd converges without asking.
 	ListenerRepublish = 5 * time.Second
@@ -44,13 +50,28 @@ func portForwardOff(dir string) bool {
 	return err == nil
 }
 
-// watchListeners polls the guest's listening TCP sockets and publishes the forwardable set on
+// watchListeners follows the guest's listening TCP sockets and publishes the forwardable set on
 // nexus.events.ports.<id> when it changes and every ListenerRepublish; an empty set when the
-// machine stops (ctx ends). A paused guest does not answer: its last set stands, unpublished.
+// machine stops (ctx ends). The agent pushes its set when it changes (watch-listeners); one
+// that predates that is asked every ListenerPoll instead. A paused guest sends nothing: its last
+// set stands, republished.
 func (s *Service) watchListeners(ctx context.Context, m *machine) {
 	if portForwardOff(m.dir) {
 		return
 	}
+	sets := make(chan []portfwdapi.Port, 1)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		s.followListeners(ctx, m, func(ports []portfwdapi.Port) {
+			select { // only the newest set matters; this is its only sender
+			case <-sets:
+			default:
+			}
+			sets <- ports
+		})
+	}()
+	defer func() { <-followed }()
 	var last []portfwdapi.Port
 	var published time.Time
 	publish := func(ports []portfwdapi.Port) {
@@ -64,7 +85,7 @@ func (s *Service) watchListeners(ctx context.Context, m *machine) {
 		}
 		published = time.Now()
 	}
-	t := time.NewTicker(ListenerPoll)
+	t := time.NewTicker(ListenerRepublish)
 	defer t.Stop()
 	for {
 		select {
@@ -73,18 +94,56 @@ func (s *Service) watchListeners(ctx context.Context, m *machine) {
 				publish(nil)
 			}
 			return
+		case ports := <-sets:
+			if published.IsZero() || !slices.Equal(ports, last) {
+				last = ports
+				publish(ports)
+			}
 		case <-t.C:
+			if !published.IsZero() {
+				publish(last)
+			}
 		}
+	}
+}
+
+// followListeners hands found each forwardable set of m's guest, pushed by its agent or, from
+// an agent that cannot push, asked for every ListenerPoll, until ctx ends or the agent's
+// session does.
+func (s *Service) followListeners(ctx context.Context, m *machine, found func([]portfwdapi.Port)) {
+	for ctx.Err() == nil {
+		err := m.agent.WatchListeners(ctx, ListenerGap, func(ls []agentproto.Listener) { found(forwardable(ls)) })
+		if errors.Is(err, errdefs.ErrInvalid) {
+			s.log.Debug().Str("sandbox", m.name).Msg("the agent cannot push its listeners: polling them")
+			s.pollListeners(ctx, m, found)
+			return
+		}
+		select { // the stream failed: open it again while the session lives
+		case <-ctx.Done():
+			return
+		case <-m.agent.Done():
+			return
+		case <-time.After(ListenerPoll):
+		}
+	}
+}
+
+// pollListeners asks an agent that cannot push its listeners for them every ListenerPoll. A
+// paused or busy guest does not answer: its last set stands.
+func (s *Service) pollListeners(ctx context.Context, m *machine, found func([]portfwdapi.Port)) {
+	t := time.NewTicker(ListenerPoll)
+	defer t.Stop()
+	for {
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		ls, err := m.agent.Listeners(lctx)
 		cancel()
-		if err != nil {
-			continue // paused, or busy: keep the last set
+		if err == nil {
+			found(forwardable(ls))
 		}
-		ports := forwardable(ls)
-		if published.IsZero() || !slices.Equal(ports, last) || time.Since(published) >= ListenerRepublish {
-			last = ports
-			publish(ports)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/yamux"
 
 	"github.com/IniZio/nexus/pkg/agentproto"
 )
@@ -34,4 +40,87 @@ func (s *Server) listeners() ([]agentproto.Listener, error) {
 		out = append(out, ls...)
 	}
 	return out, nil
+}
+
+// ListenerWatch paces watch-listeners: the agent looks at the guest's listening sockets every
+// Busy for BusyFor after an exec starts or ends (servers start and stop then), and every Idle
+// otherwise, so that an idle guest wakes up for it rarely.
+type ListenerWatch struct {
+	Busy, BusyFor, Idle time.Duration
+}
+
+// DefaultListenerWatch is the pace of a Config that sets none.
+var DefaultListenerWatch = ListenerWatch{Busy: 250 * time.Millisecond, BusyFor: 10 * time.Second, Idle: time.Second}
+
+// execActivity records that an exec started or ended: watchers look at the listeners again now
+// and often for a while.
+func (s *Server) execActivity() {
+	s.mu.Lock()
+	s.lastExec = time.Now()
+	close(s.execKick)
+	s.execKick = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// handleWatchListeners serves watch-listeners: the guest's listeners now, then each changed
+// set, until the host closes the stream or the session ends. A failure to read them is sent as
+// the stream's last message.
+func (s *Server) handleWatchListeners(ctx context.Context, st *yamux.Stream) {
+	defer st.Close()
+	closed := make(chan struct{})
+	go func() { // the host sends nothing more: a read ends when it closes the stream
+		io.Copy(io.Discard, io.LimitReader(st, 1))
+		close(closed)
+	}()
+	var last []agentproto.Listener
+	for first := true; ; first = false {
+		ls, err := s.listeners()
+		if err != nil {
+			s.replyErr(st, err)
+			return
+		}
+		slices.SortFunc(ls, compareListeners)
+		ls = slices.Compact(ls)
+		if first || !slices.Equal(ls, last) {
+			st.SetWriteDeadline(time.Now().Add(requestTimeout))
+			if err := agentproto.WriteMessage(st, agentproto.Response{Listeners: ls}); err != nil {
+				return
+			}
+			last = ls
+		}
+		s.mu.Lock()
+		pace := s.cfg.ListenerWatch
+		wait, kick := pace.Idle, s.execKick
+		if time.Since(s.lastExec) < pace.BusyFor {
+			wait = pace.Busy
+		}
+		s.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-closed:
+		case <-st.Session().CloseChan():
+		case <-kick:
+		case <-t.C:
+		}
+		t.Stop()
+		if ctx.Err() != nil || st.Session().IsClosed() {
+			return
+		}
+		select {
+		case <-closed:
+			return
+		default:
+		}
+	}
+}
+
+func compareListeners(a, b agentproto.Listener) int {
+	if c := strings.Compare(a.Proto, b.Proto); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.IP, b.IP); c != 0 {
+		return c
+	}
+	return int(a.Port) - int(b.Port)
 }

@@ -64,6 +64,8 @@ type Config struct {
 	Reaper *Reaper
 	// ExecCgroup, when set, is the cgroup directory exec'd processes start in (ExecCgroup).
 	ExecCgroup *os.File
+	// ListenerWatch paces watch-listeners (DefaultListenerWatch when zero).
+	ListenerWatch ListenerWatch
 
 	SetHostname      func(name string) error
 	SetClock         func(t time.Time) error
@@ -90,6 +92,9 @@ type Server struct {
 	vsock    bool
 	sessions []*yamux.Session // live sessions, newest last; dial-host uses the newest
 	execs    map[execKey]int  // running execs by stream: their pids (process groups)
+	// lastExec is when an exec last started or ended; execKick is closed then (and replaced).
+	lastExec time.Time
+	execKick chan struct{}
 }
 
 // New returns a Server.
@@ -100,7 +105,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), env: map[string]string{}, execs: map[execKey]int{}}
+	if cfg.ListenerWatch == (ListenerWatch{}) {
+		cfg.ListenerWatch = DefaultListenerWatch
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), env: map[string]string{}, execs: map[execKey]int{},
+		execKick: make(chan struct{})}
 	if cfg.BootTime.IsZero() {
 		s.cfg.BootTime = s.start
 	}
@@ -245,6 +254,8 @@ func (s *Server) handleStream(ctx context.Context, st *yamux.Stream) {
 			s.reply(st, agentproto.Response{Listeners: ls})
 		}
 		st.Close()
+	case agentproto.OpWatchListeners:
+		s.handleWatchListeners(ctx, st)
 	case agentproto.OpLogs:
 		s.handleLogs(st)
 	case agentproto.OpShutdown:

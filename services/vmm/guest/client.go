@@ -298,6 +298,41 @@ func (c *Client) Listeners(ctx context.Context) ([]agentproto.Listener, error) {
 	return resp.Listeners, nil
 }
 
+// WatchListeners hands fn the guest's listening TCP sockets, the set now and each set the agent
+// pushes after it, until ctx ends or the stream fails; the error says which. It reads the next
+// set no sooner than gap after the last: however fast a guest pushes, the host decodes and
+// hands on at most one set per gap (the yamux window holds the guest back meanwhile). An agent
+// that predates the op refuses it with an errdefs.ErrInvalid error before fn is called.
+func (c *Client) WatchListeners(ctx context.Context, gap time.Duration, fn func([]agentproto.Listener)) error {
+	op := agentproto.OpWatchListeners
+	st, resp, release, err := c.open(ctx, agentproto.Request{Op: op})
+	if err != nil {
+		return err
+	}
+	defer release()
+	defer st.Close()
+	for {
+		fn(resp.Listeners)
+		if gap > 0 {
+			t := time.NewTimer(gap)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if resp, err = agentproto.ReadResponse(st); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("agent: %s: %w", op, ctx.Err())
+			}
+			if resp != nil { // the agent's own error, classified
+				return err
+			}
+			return fmt.Errorf("agent: %s: %w", op, err)
+		}
+	}
+}
+
 // Shutdown asks the agent to sync, unmount and power off; QEMU exits soon after it returns.
 func (c *Client) Shutdown(ctx context.Context) error {
 	_, err := c.call(ctx, agentproto.Request{Op: agentproto.OpShutdown})
