@@ -15,6 +15,7 @@
 //	copy-in                               host sends Data frames then End, agent sends a final Response
 //	copy-out, logs                        agent sends Data frames then End (or Error)
 //	connect, dial-host                    raw bytes both ways
+//	watch-listeners                       agent sends a Response (a listener set) at each change
 //
 // A frame is 1 type byte, a 4-byte big-endian length and at most MaxFramePayload bytes of payload.
 // Decoders never allocate more than these bounds, whatever a peer claims.
