@@ -256,7 +256,7 @@ func launch(cmd *cobra.Command, o launchOptions, image string, argv []string) er
 	stopProgress := func() {}
 	if o.verbose {
 		fmt.Fprintf(stderr, "nexus: launching %s (image %s, agent %s)\n", req.Name, image, agent)
-		req.Progress, stopProgress = followSteps(c.Conn(), stderr)
+		req.Progress, stopProgress = followSteps(c.Conn(), "", stderr)
 	}
 	// The create is not cancelled by an interrupt: the gateway finishes the boot either way, and
 	// only then can the sandbox be removed cleanly.

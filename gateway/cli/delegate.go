@@ -50,7 +50,7 @@ func delegateCreateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return booting(cmd, c, api.DelegateTimeout, func(ctx context.Context, progress string) (*api.WorktreeResult, error) {
+			return booting(cmd, c, "", api.DelegateTimeout, func(ctx context.Context, progress string) (*api.WorktreeResult, error) {
 				r.Progress = progress
 				return c.DelegateCreate(ctx, r)
 			}, func(w io.Writer, wt *api.WorktreeResult, took time.Duration) {

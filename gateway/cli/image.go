@@ -11,7 +11,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/nats-io/nats.go"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -344,9 +343,9 @@ func imageWithProgress(cmd *cobra.Command, req vmmapi.ImageRequest, what string)
 	lastStage, lastTenth := "", -1
 	lastLayer := map[string]int{}
 	progress := stream.NewID()
-	sub, err := c.Conn().Subscribe(stream.AnyHostOut(progress), func(m *nats.Msg) {
+	sub, err := stream.Follow(c.Conn(), "", progress, func(data []byte) {
 		var p vmmapi.ImageProgress
-		if json.Unmarshal(m.Data, &p) != nil {
+		if json.Unmarshal(data, &p) != nil {
 			return
 		}
 		if jsonOutput(cmd) {

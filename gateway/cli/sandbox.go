@@ -87,7 +87,7 @@ func createCommand() *cobra.Command {
 			}
 			r.Name = args[0]
 			r.UserSecrets = len(r.Secrets) > 0 // typed here: may bind a secret stored without hosts
-			return booting(cmd, c, api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
+			return booting(cmd, c, r.Host, api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
 				r.Progress = progress
 				return c.Create(ctx, r)
 			}, func(w io.Writer, sb *api.Sandbox, took time.Duration) {
@@ -126,11 +126,12 @@ func createCommand() *cobra.Command {
 // booting runs a request that boots a sandbox (create, fork, delegate create) under timeout:
 // the boot steps are printed on stderr as they finish unless --json is given, then the result
 // is printed as JSON or as human writes it.
-func booting[T any](cmd *cobra.Command, c *api.Client, timeout time.Duration, call func(ctx context.Context, progress string) (T, error),
+// host, when known, is the host the sandbox boots on.
+func booting[T any](cmd *cobra.Command, c *api.Client, host string, timeout time.Duration, call func(ctx context.Context, progress string) (T, error),
 	human func(w io.Writer, v T, took time.Duration)) error {
 	progress, stop := "", func() {}
 	if !jsonOutput(cmd) {
-		progress, stop = followSteps(c.Conn(), cmd.ErrOrStderr())
+		progress, stop = followSteps(c.Conn(), host, cmd.ErrOrStderr())
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	defer cancel()
@@ -146,13 +147,14 @@ func booting[T any](cmd *cobra.Command, c *api.Client, timeout time.Duration, ca
 	return nil
 }
 
-// followSteps prints boot steps as they arrive on a private stream session's .out (on the
-// sandbox's host, wherever that is); it returns the session id to ask with.
-func followSteps(nc *nats.Conn, w io.Writer) (string, func()) {
+// followSteps prints boot steps as they arrive on a private stream session's .out on the
+// sandbox's host: host when the caller names it (--host), else the first host heard; it
+// returns the session id to ask with.
+func followSteps(nc *nats.Conn, host string, w io.Writer) (string, func()) {
 	id := stream.NewID()
-	sub, err := nc.Subscribe(stream.AnyHostOut(id), func(m *nats.Msg) {
+	sub, err := stream.Follow(nc, host, id, func(data []byte) {
 		var st vmmapi.Step
-		if json.Unmarshal(m.Data, &st) == nil && st.Name != "" {
+		if json.Unmarshal(data, &st) == nil && st.Name != "" {
 			fmt.Fprintf(w, "  %-14s %6.2fs\n", st.Name, float64(st.Millis)/1000)
 		}
 	})

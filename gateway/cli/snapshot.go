@@ -109,7 +109,7 @@ func forkCommand() *cobra.Command {
 				return err
 			}
 			r := api.ForkRequest{Source: args[0], Name: args[1], Labels: lb}
-			return booting(cmd, c, api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
+			return booting(cmd, c, "", api.CreateTimeout, func(ctx context.Context, progress string) (*api.Sandbox, error) {
 				r.Progress = progress
 				return c.Fork(ctx, r)
 			}, func(w io.Writer, sb *api.Sandbox, took time.Duration) {

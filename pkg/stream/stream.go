@@ -131,8 +131,38 @@ func OutSubject(host, sid string) string { return bus.StreamPrefix + "." + host 
 func InSubject(host, sid string) string  { return bus.StreamPrefix + "." + host + "." + sid + ".in" }
 
 // AnyHostOut is what a client follows of session sid before it knows the service's host:
-// its .out on every host. A progress subscriber (Progress) follows the same.
+// its .out on every host.
 func AnyHostOut(sid string) string { return bus.StreamPrefix + ".*." + sid + ".out" }
+
+// Follow calls fn with each message published on session sid's .out, one at a time: a
+// progress session's (a create's boot steps, an image operation's progress). With host named
+// it hears that host's .out only; without, the first host heard, and drops any other's.
+func Follow(nc *nats.Conn, host, sid string, fn func(data []byte)) (*nats.Subscription, error) {
+	if err := ValidID(sid); err != nil {
+		return nil, err
+	}
+	subject := AnyHostOut(sid)
+	if host != "" {
+		if strings.ContainsAny(host, ".*> \t\r\n") {
+			return nil, fmt.Errorf("stream: %q is not a host name", host)
+		}
+		subject = OutSubject(host, sid)
+	}
+	var mu sync.Mutex
+	heard := host
+	return nc.Subscribe(subject, func(m *nats.Msg) {
+		from := hostOf(m.Subject, sid)
+		mu.Lock()
+		if heard == "" {
+			heard = from
+		}
+		ok := from != "" && from == heard
+		mu.Unlock()
+		if ok {
+			fn(m.Data)
+		}
+	})
+}
 
 // hostOf is the host token of subject, a session sid's .out on some host ("" if it is not).
 func hostOf(subject, sid string) string {

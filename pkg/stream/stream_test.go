@@ -350,3 +350,50 @@ func TestBindKeepsWhatAnEndedSessionSent(t *testing.T) {
 		t.Fatalf("the client got %s (%v); want the exit", m.Kind, err)
 	}
 }
+
+// TestFollowHearsOneHost: a progress follower hears the named host's .out only, or without a
+// name the first host heard: another host's messages on the same session id are dropped.
+func TestFollowHearsOneHost(t *testing.T) {
+	b := testutil.NewBus(t)
+	cli := b.Connect(t, bus.UserCLI)
+	pub := b.Connect(t, bus.UserGateway) // publishes on any host's streams, in this order
+	for _, c := range []struct {
+		host string
+		sent [][2]string // host, data
+		want string
+	}{
+		{bus.LocalHost, [][2]string{{"other", "x"}, {bus.LocalHost, "y"}, {"other", "z"}, {bus.LocalHost, "end"}}, "y end"},
+		{"", [][2]string{{"other", "a"}, {bus.LocalHost, "b"}, {"other", "end"}}, "a end"},
+	} {
+		sid := stream.NewID()
+		got := make(chan string, 8)
+		sub, err := stream.Follow(cli, c.host, sid, func(data []byte) { got <- string(data) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cli.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range c.sent {
+			if err := pub.Publish(stream.OutSubject(m[0], sid), []byte(m[1])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var heard []string
+		for len(heard) == 0 || heard[len(heard)-1] != "end" {
+			select {
+			case s := <-got:
+				heard = append(heard, s)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("follow %q: heard only %q", c.host, heard)
+			}
+		}
+		if strings.Join(heard, " ") != c.want {
+			t.Errorf("follow %q heard %q; want %q", c.host, heard, c.want)
+		}
+		sub.Unsubscribe()
+	}
+	if _, err := stream.Follow(cli, "a.*", stream.NewID(), func([]byte) {}); err == nil {
+		t.Error("Follow took a wildcard for a host")
+	}
+}

@@ -51,7 +51,7 @@ type CreateRequest struct {
 	// the gateway validates it again.
 	Config *config.Config `json:"config,omitempty"`
 	// Progress, when set, is a stream session id whose .out on the sandbox's host receives boot
-	// steps (vmm.Step JSON) as they finish (follow stream.AnyHostOut(Progress)).
+	// steps (vmm.Step JSON) as they finish (stream.Follow follows it).
 	Progress string `json:"progress,omitempty"`
 	// UserSecrets is set by `nexus create` only: its Secrets were typed by the user, who alone
 	// may bind a secret stored without hosts. Any other creator (the MCP server) leaves it unset

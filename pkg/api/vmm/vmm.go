@@ -83,7 +83,7 @@ type StartRequest struct {
 	// added to the guest's system trust store.
 	TrustCA []byte `json:"trust_ca,omitempty"`
 	// Progress, when set, is a stream session id (stream.NewID): one Step message per boot
-	// step goes to its .out on the vmm's host as the step finishes (stream.AnyHostOut follows it).
+	// step goes to its .out on the vmm's host as the step finishes (stream.Follow follows it).
 	Progress string `json:"progress,omitempty"`
 	// Cold boots a new sandbox even when a template of its shape exists (`nexus create --cold`).
 	Cold bool `json:"cold,omitempty"`
