@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/IniZio/nexus/internal/testutil"
 	api "github.com/IniZio/nexus/pkg/api/gateway"
 	"github.com/IniZio/nexus/pkg/bus"
 	"github.com/rs/zerolog"
@@ -82,4 +85,110 @@ func TestPSListsTwentyThousand(t *testing.T) {
 			t.Fatalf("ps: sandbox %d is %s (%s), want %s (created)", i, sb.Name, sb.State, want)
 		}
 	}
+}
+
+// TestPSFollowsChanges: ps lists by name, leaves stopped ones out without -a, selects by label
+// and pages by name; a record this gateway changed or removed, and one another gateway wrote
+// straight into the bucket, show as they are now in the next ps, at their current revision.
+func TestPSFollowsChanges(t *testing.T) {
+	tg := newTestGateway(t)
+	svc, err := bus.NewService(tg.cfg.Bus, bus.ServiceInfo{Name: "gateway", Version: "0.0.1", Host: bus.LocalHost}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := api.List.Serve(svc, tg.list); err != nil {
+		t.Fatal(err)
+	}
+	cli := api.NewClient(tg.bus.Connect(t, bus.UserCLI))
+	ctx := context.Background()
+	a := tg.add(t, &api.Sandbox{Name: "p/a", Labels: map[string]string{"team": "x"}}, api.StateCreated)
+	b := tg.add(t, &api.Sandbox{Name: "p/b", Labels: map[string]string{"team": "y"}}, api.StateStopped)
+	c := tg.add(t, &api.Sandbox{Name: "p/c", Labels: map[string]string{"team": "x"}}, api.StateRunning)
+	tg.add(t, &api.Sandbox{Name: "p/0"}, api.StateCreated)
+	ps := func(r api.ListRequest) string {
+		t.Helper()
+		list, err := cli.List(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, sb := range list {
+			cur, err := tg.reg.Get(ctx, sb.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cur.Revision != sb.Revision {
+				t.Errorf("ps lists %s at revision %d, the bucket has it at %d", sb.Name, sb.Revision, cur.Revision)
+			}
+			out = append(out, fmt.Sprintf("%s:%s", sb.Name, sb.State))
+		}
+		return strings.Join(out, " ")
+	}
+	check := func(what, got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %s, want %s", what, got, want)
+		}
+	}
+	check("ps -a", ps(api.ListRequest{All: true}), "p/0:created p/a:created p/b:stopped p/c:running")
+	check("ps", ps(api.ListRequest{}), "p/0:created p/a:created p/c:running")
+	check("ps -l team=x", ps(api.ListRequest{Selector: []string{"team=x"}}), "p/a:created p/c:running")
+	check("ps -a -l team!=x", ps(api.ListRequest{All: true, Selector: []string{"team!=x"}}), "p/0:created p/b:stopped")
+	var paged []string
+	for after := ""; ; {
+		page, err := api.List.Call(ctx, tg.bus.Connect(t, bus.UserCLI), "", api.ListRequest{All: true, After: after, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		if len(page) != 1 {
+			t.Fatalf("a page of limit 1 has %d sandboxes", len(page))
+		}
+		after = page[0].Name
+		paged = append(paged, after)
+	}
+	check("ps -a one by one", strings.Join(paged, " "), "p/0 p/a p/b p/c")
+
+	// This gateway's own writes.
+	a.Labels = map[string]string{"team": "y"}
+	if err := tg.reg.Update(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.reg.Transition(ctx, c, api.StateStopping, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	check("ps -l team=x after changes", ps(api.ListRequest{Selector: []string{"team=x"}}), "p/c:stopping")
+	if err := tg.reg.Delete(ctx, tg.get(t, c)); err != nil {
+		t.Fatal(err)
+	}
+	check("ps -a after rm p/c", ps(api.ListRequest{All: true}), "p/0:created p/a:created p/b:stopped")
+
+	// Another gateway's: they reach this one by the watch of the bucket.
+	kv, err := bus.KV(ctx, tg.bus.Connect(t, bus.UserGateway), bus.KVSandboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(sb *api.Sandbox) {
+		data, _ := json.Marshal(sb)
+		if _, err := kv.Put(ctx, sb.Name, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b = tg.get(t, b)
+	b.State = api.StateFailed
+	put(b)
+	put(&api.Sandbox{Name: "p/e", ID: "sb-e", State: api.StateCreated, Host: bus.LocalHost, Labels: map[string]string{"team": "x"}})
+	if err := kv.Purge(ctx, "p/0"); err != nil {
+		t.Fatal(err)
+	}
+	want := "p/a:created p/b:failed p/e:created"
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got := ps(api.ListRequest{All: true}); got != want {
+			return fmt.Errorf("ps -a lists %s, want %s", got, want)
+		}
+		return nil
+	})
+	check("ps -l team=x after the other gateway's writes", ps(api.ListRequest{Selector: []string{"team=x"}}), "p/e:created")
 }

@@ -151,7 +151,51 @@ func (r *Registry) list(ctx context.Context, sel api.Selector, shared bool) ([]*
 			return nil, err
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	if !ok || !shared { // the cache's shared records come sorted
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	}
+	return out, nil
+}
+
+// listed is one record of a page: shared like View's, and its JSON when the cache has it.
+type listed struct {
+	sb  *api.Sandbox
+	enc []byte
+}
+
+// page is one page of a listing for a reader that changes nothing it gets: the records named
+// after after, in name order, that sel and keep select, at most limit. From the cache it costs
+// the page, not the registry; while the cache is not live the bucket is read as List does.
+func (r *Registry) page(ctx context.Context, sel api.Selector, after string, limit int, keep func(*api.Sandbox) bool) ([]listed, error) {
+	match := func(sb *api.Sandbox) bool { return sel.Matches(sb.Labels) && keep(sb) }
+	if r.cache != nil && r.cache.waitLive(ctx, 5*time.Second) {
+		recs, ok, err := r.cache.page(after, limit, match)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out := make([]listed, len(recs))
+			for i, c := range recs {
+				out[i] = listed{sb: c.view, enc: c.enc}
+			}
+			return out, nil
+		}
+	}
+	all, err := r.scan(ctx, sel)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
+	all = all[sort.Search(len(all), func(i int) bool { return all[i].Name > after }):]
+	var out []listed
+	for _, sb := range all {
+		if len(out) == limit {
+			break
+		}
+		if keep(sb) {
+			out = append(out, listed{sb: sb})
+		}
+	}
 	return out, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,8 +28,11 @@ type registryCache struct {
 	recs  map[string]cached
 	tombs map[string]uint64 // removed names: a put at or below this revision is older news
 	live  bool              // the initial load of the current watch is done
-	ready chan struct{}     // closed when live first became true
-	once  sync.Once
+	// sorted is every record by name, each decoded and encoded (view, enc): made again on the
+	// first listing after a change, and never changed (listings share it). nil: not made yet.
+	sorted []cached
+	ready  chan struct{} // closed when live first became true
+	once   sync.Once
 }
 
 type cached struct {
@@ -36,6 +41,7 @@ type cached struct {
 	rev  uint64
 	at   time.Time    // when the bus stored it
 	view *api.Sandbox // data decoded once, shared by every View: never changed
+	enc  []byte       // view encoded (with its revision), for the listing replies: never changed
 }
 
 func newRegistryCache() *registryCache {
@@ -61,6 +67,7 @@ func (c *registryCache) putAt(name string, data []byte, rev uint64, at time.Time
 		return
 	}
 	c.recs[name] = cached{name: name, data: data, rev: rev, at: at}
+	c.sorted = nil
 }
 
 // remove forgets name; a put at or below rev that arrives later is ignored.
@@ -74,6 +81,7 @@ func (c *registryCache) remove(name string, rev uint64) {
 		return // re-created after this removal
 	}
 	delete(c.recs, name)
+	c.sorted = nil
 	if c.tombs[name] < rev {
 		c.tombs[name] = rev
 	}
@@ -96,7 +104,7 @@ func (c *registryCache) load(recs map[string]cached, deleted map[string]uint64) 
 			delete(recs, name)
 		}
 	}
-	c.recs, c.live = recs, true
+	c.recs, c.live, c.sorted = recs, true, nil
 	c.mu.Unlock()
 	c.once.Do(func() { close(c.ready) })
 }
@@ -106,34 +114,82 @@ func (c *registryCache) load(recs map[string]cached, deleted map[string]uint64) 
 func (c *registryCache) stale() {
 	c.mu.Lock()
 	c.live = false
-	c.recs, c.tombs = map[string]cached{}, map[string]uint64{}
+	c.recs, c.tombs, c.sorted = map[string]cached{}, map[string]uint64{}, nil
 	c.mu.Unlock()
 }
 
-// snapshot returns the stored records, or false while the cache is not live. With views, each
-// carries its shared decoded record (decoded now if it was not yet; a damaged one carries none).
+// snapshot returns the stored records, or false while the cache is not live. With views they
+// are the shared sorted listing (sortedLocked: the caller must not change it), each with its
+// decoded record (none when it is damaged).
 func (c *registryCache) snapshot(views bool) ([]cached, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.live {
 		return nil, false
 	}
+	if views {
+		return c.sortedLocked(), true
+	}
 	out := make([]cached, 0, len(c.recs))
-	for name, r := range c.recs {
-		if views && r.view == nil {
-			sb := &api.Sandbox{}
-			if json.Unmarshal(r.data, sb) == nil {
-				sb.Revision = r.rev
-				r.view = sb
-				c.recs[name] = r
-			}
-		}
-		if !views {
-			r.view = nil
-		}
+	for _, r := range c.recs {
+		r.view, r.enc = nil, nil
 		out = append(out, r)
 	}
 	return out, true
+}
+
+// sortedLocked is c.sorted, made now if a change made it stale: a record decoded and encoded
+// once per revision (a damaged one has neither).
+func (c *registryCache) sortedLocked() []cached {
+	if c.sorted != nil {
+		return c.sorted
+	}
+	sorted := make([]cached, 0, len(c.recs))
+	for name, r := range c.recs {
+		if r.view == nil {
+			sb := &api.Sandbox{}
+			if json.Unmarshal(r.data, sb) == nil {
+				sb.Revision = r.rev
+				if enc, err := json.Marshal(sb); err == nil {
+					r.view, r.enc = sb, enc
+					c.recs[name] = r
+				}
+			}
+		}
+		sorted = append(sorted, r)
+	}
+	slices.SortFunc(sorted, func(a, b cached) int { return strings.Compare(a.name, b.name) })
+	c.sorted = sorted
+	return sorted
+}
+
+// page returns the records named after after, in name order, that keep selects: at most
+// limit of them. False while the cache is not live.
+func (c *registryCache) page(after string, limit int, keep func(*api.Sandbox) bool) ([]cached, bool, error) {
+	c.mu.Lock()
+	if !c.live {
+		c.mu.Unlock()
+		return nil, false, nil
+	}
+	sorted := c.sortedLocked()
+	c.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(sorted, after, func(r cached, name string) int { return strings.Compare(r.name, name) })
+	var out []cached
+	for _, r := range sorted[i:] {
+		if len(out) == limit {
+			break
+		}
+		if r.name == after {
+			continue
+		}
+		if r.view == nil {
+			return nil, true, fmt.Errorf("registry: record %s is damaged: %w", r.name, json.Unmarshal(r.data, &api.Sandbox{}))
+		}
+		if keep(r.view) {
+			out = append(out, r)
+		}
+	}
+	return out, true, nil
 }
 
 // waitLive waits (at most wait) for the first initial load, and says whether the cache is live.

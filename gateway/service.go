@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -507,41 +506,35 @@ func (g *Service) vmInfos(ctx context.Context, sandboxes []*api.Sandbox) map[str
 	return vms
 }
 
-func (g *Service) list(ctx context.Context, r api.ListRequest) ([]api.SandboxView, error) {
+func (g *Service) list(ctx context.Context, r api.ListRequest) (api.SandboxPage, error) {
 	sel, err := api.ParseSelector(r.Selector...)
 	if err != nil {
 		return nil, err
 	}
-	all, err := g.reg.View(ctx, sel) // read only: each becomes a view below
-	if err != nil {
-		return nil, err
-	}
-	// What each host's vmm measures (resident memory); a host that does not answer just
-	// leaves the column empty.
 	limit := r.Limit
 	if limit <= 0 || limit > api.ListPage {
 		limit = api.ListPage
 	}
-	// One page: the first limit sandboxes named after r.After (all is sorted by name).
-	all = all[sort.Search(len(all), func(i int) bool { return all[i].Name > r.After }):]
-	page := make([]*api.Sandbox, 0, min(limit, len(all)))
-	for _, sb := range all {
-		if len(page) == limit {
-			break
-		}
-		if !r.All && (sb.State == api.StateStopped || sb.State == api.StateFailed) {
-			continue
-		}
-		page = append(page, sb)
+	// One page: the first limit sandboxes named after r.After, read only (each becomes a view).
+	page, err := g.reg.page(ctx, sel, r.After, limit, func(sb *api.Sandbox) bool {
+		return r.All || (sb.State != api.StateStopped && sb.State != api.StateFailed)
+	})
+	if err != nil {
+		return nil, err
 	}
-	vms := g.vmInfos(ctx, page)
-	out := make([]api.SandboxView, 0, len(page))
-	for _, sb := range page {
-		out = append(out, api.SandboxView{Sandbox: *sb, RSSBytes: vms[sb.ID].RSSBytes, Containment: vms[sb.ID].Containment})
+	sandboxes := make([]*api.Sandbox, len(page))
+	for i, l := range page {
+		sandboxes[i] = l.sb
 	}
-	ids := make([]string, len(out))
-	for i := range out {
-		ids[i] = out[i].ID
+	// What each host's vmm measures (resident memory); a host that does not answer just
+	// leaves the column empty.
+	vms := g.vmInfos(ctx, sandboxes)
+	out := make(api.SandboxPage, len(page))
+	ids := make([]string, len(page))
+	for i, l := range page {
+		out[i] = api.SandboxView{Sandbox: *l.sb, RSSBytes: vms[l.sb.ID].RSSBytes, Containment: vms[l.sb.ID].Containment}
+		out[i].UseEncoded(l.enc)
+		ids[i] = l.sb.ID
 	}
 	limited := g.auditLimits(ctx, ids...)
 	for i := range out {

@@ -62,7 +62,7 @@ func newFixture(t *testing.T, edit ...func(*Config)) *fixture {
 		}
 		return &api.Sandbox{Name: "default/" + r.Name, State: api.StateRunning}, nil
 	}))
-	must(api.List.Serve(svc, func(_ context.Context, r api.ListRequest) ([]api.SandboxView, error) {
+	must(api.List.Serve(svc, func(_ context.Context, r api.ListRequest) (api.SandboxPage, error) {
 		return []api.SandboxView{{Sandbox: api.Sandbox{Name: "default/box"}}}, nil
 	}))
 	must(api.Create.Serve(svc, func(_ context.Context, r api.CreateRequest) (*api.Sandbox, error) {

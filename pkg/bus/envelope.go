@@ -22,13 +22,30 @@ type WireError struct {
 	Message string `json:"message"`
 }
 
-// EncodeOK wraps data in a success envelope.
+// JSONAppender is a reply that encodes itself: AppendJSON appends its JSON, valid and compact,
+// to b. A large reply whose parts are kept encoded (a page of 2500 sandboxes) is then copied
+// into its envelope rather than encoded again.
+type JSONAppender interface {
+	AppendJSON(b []byte) ([]byte, error)
+}
+
+// EncodeOK wraps data in a success envelope: {"ok":true,"data":…}, data as json.Marshal (or
+// its AppendJSON) writes it.
 func EncodeOK(data any) ([]byte, error) {
-	raw, err := json.Marshal(data)
+	b := []byte(`{"ok":true,"data":`)
+	var err error
+	if a, ok := data.(JSONAppender); ok {
+		b, err = a.AppendJSON(b)
+	} else {
+		var raw []byte
+		if raw, err = json.Marshal(data); err == nil {
+			b = append(b, raw...)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("encode reply: %w", err)
 	}
-	return json.Marshal(Envelope{OK: true, Data: raw})
+	return append(b, '}'), nil
 }
 
 // EncodeError translates err to its wire code once, here at the edge.
@@ -37,10 +54,22 @@ func EncodeError(err error) []byte {
 	return b
 }
 
-// Decode unwraps an envelope into out (which may be nil) or returns the classified error.
+// Decode unwraps an envelope into out (which may be nil) or returns the classified error. The
+// reply is read once: its data decoded into out as it is met.
 func Decode(b []byte, out any) error {
-	var env Envelope
+	env := struct {
+		OK    bool       `json:"ok"`
+		Data  any        `json:"data,omitempty"`
+		Error *WireError `json:"error,omitempty"`
+	}{Data: new(skipped)}
+	if out != nil {
+		env.Data = out
+	}
 	if err := json.Unmarshal(b, &env); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return fmt.Errorf("decode reply data: %w", errors.Join(errdefs.ErrInternal, err))
+		}
 		return fmt.Errorf("decode reply: %w", errors.Join(errdefs.ErrInternal, err))
 	}
 	if !env.OK {
@@ -49,11 +78,10 @@ func Decode(b []byte, out any) error {
 		}
 		return errdefs.FromCode(env.Error.Code, env.Error.Message)
 	}
-	if out == nil || len(env.Data) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(env.Data, out); err != nil {
-		return fmt.Errorf("decode reply data: %w", errors.Join(errdefs.ErrInternal, err))
-	}
 	return nil
 }
+
+// skipped is the data of a reply nobody reads: decoding it keeps nothing.
+type skipped struct{}
+
+func (skipped) UnmarshalJSON([]byte) error { return nil }

@@ -111,6 +111,8 @@ type SandboxView struct {
 	// Containment says how the sandbox's VM is contained (a running one): "contained", or
 	// "less contained: …"/"not contained: …" with why.
 	Containment string `json:"containment,omitempty"`
+	// encoded is Sandbox as JSON when the gateway kept it encoded (UseEncoded).
+	encoded []byte
 }
 
 // AuditLimit flags a sandbox whose decisions were over its audit rate lately: the services wrote

@@ -19,7 +19,7 @@ type Lifecycle = bus.Endpoint[NamesRequest, []Result]
 var (
 	Create = bus.Endpoint[CreateRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.create"}
 	Get    = bus.Endpoint[NameRequest, *Sandbox]{Scope: bus.GatewayAPI, Verb: "sandbox.get", Read: true}
-	List   = bus.Endpoint[ListRequest, []SandboxView]{Scope: bus.GatewayAPI, Verb: "sandbox.list", Read: true}
+	List   = bus.Endpoint[ListRequest, SandboxPage]{Scope: bus.GatewayAPI, Verb: "sandbox.list", Read: true}
 	Start  = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.start"}
 	Stop   = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.stop"}
 	Pause  = Lifecycle{Scope: bus.GatewayAPI, Verb: "sandbox.pause"}
