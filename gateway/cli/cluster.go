@@ -32,7 +32,11 @@ func clusterCommand() *cobra.Command {
 		Long: `Make this host the first node of a new cluster. It writes the cluster CA and this node's
 certificate under $NEXUS_HOME/cluster; from its next start the bus listens beyond loopback with
 TLS only, authenticated users only, and routes to its peers with mutual TLS. Run it with the
-stack stopped. JetStream serves once two nodes are up (a quorum); run three for R3.`,
+stack stopped. JetStream serves once two nodes are up (a quorum); run three for R3.
+
+The home's single-host store is kept aside (bus/jetstream.single-host) and, once the cluster's
+store serves, its bus copies the sandbox, snapshot and port-forward records and the audit and
+lifecycle events into it before the services start (once; see ` + "`nexus cluster migrate`" + `).`,
 		Example: "  nexus cluster init --host a --advertise 10.0.0.1",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
