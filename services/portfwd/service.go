@@ -173,6 +173,9 @@ func (s *Service) handle(ctx context.Context, m *nats.Msg) {
 			}
 			return
 		}
+		if !s.ours(ev.Host) {
+			return // another host's sandbox: its own forwarder opens its ports there
+		}
 		s.onListeners(ctx, ev)
 	case strings.HasPrefix(m.Subject, bus.EventsPrefix+".sandbox."):
 		var ev gwapi.Event
@@ -183,6 +186,10 @@ func (s *Service) handle(ctx context.Context, m *nats.Msg) {
 		s.onLifecycle(ctx, ev)
 	}
 }
+
+// ours says whether a listener set or a stored forward of host is this forwarder's: its host's,
+// or one that names no host (a vmm or record from before hosts were named).
+func (s *Service) ours(host string) bool { return host == "" || host == s.cfg.Host }
 
 // errNotListeners marks a port event that is not a listener set (our own forward events).
 var errNotListeners = errors.New("not a listener set")

@@ -94,10 +94,16 @@ func (st *stack) list(id string) ([]api.Forward, error) {
 	return api.NewClient(st.gw, bus.LocalHost).List(ctx, api.ListRequest{ID: id})
 }
 
-// listeners publishes the vmm's listener set of a sandbox.
+// listeners publishes the vmm's listener set of a sandbox, as the vmm of the service's host.
 func (st *stack) listeners(id, name string, ports ...uint16) {
 	st.t.Helper()
-	ev := api.ListenersEvent{Type: api.TypeListeners, ID: id, Name: name, Ports: []api.Port{}, Time: time.Now()}
+	st.listenersOf(st.cfg.Host, id, name, ports...)
+}
+
+// listenersOf publishes the listener set of a sandbox as the vmm of host.
+func (st *stack) listenersOf(host, id, name string, ports ...uint16) {
+	st.t.Helper()
+	ev := api.ListenersEvent{Type: api.TypeListeners, ID: id, Name: name, Ports: []api.Port{}, Time: time.Now(), Host: host}
 	for _, p := range ports {
 		ev.Ports = append(ev.Ports, api.Port{Port: p, Addr: "127.0.0.1"})
 	}
@@ -549,6 +555,51 @@ func TestRestartRestoresFromKV(t *testing.T) {
 	if err := echoOnce(p, "confirmed"); err != nil {
 		t.Fatalf("confirmed forward lost: %v", err)
 	}
+}
+
+// TestOtherHostsSandbox: in a cluster every forwarder hears every host's listener sets and
+// shares the KV bucket; it opens the ports of its own host's sandboxes only, and leaves another
+// host's records alone when it restores.
+func TestOtherHostsSandbox(t *testing.T) {
+	st := newStack(t, nil) // the host's name is LocalHost
+	startFakeGuest(t, st, "sb-h2")
+	p := freePort(t)
+	st.listenersOf("h2", "sb-h2", "default/on-h2", p)
+	st.probe()
+	if err := portFree(p); err != nil {
+		t.Fatalf("this host's forwarder opened a port of a sandbox on h2: %v", err)
+	}
+	if list, _ := st.list(""); len(list) != 0 {
+		t.Fatalf("this host's forwarder lists another host's sandbox: %+v", list)
+	}
+	// h2's forwarder recorded a forward of its own sandbox in the shared bucket.
+	kv, err := bus.KV(context.Background(), st.bus.Connect(t, bus.UserAdmin), bus.KVPorts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(api.Forward{ID: "sb-h2", Sandbox: "default/on-h2", Port: p, GuestAddr: "127.0.0.1",
+		HostAddr: hostAddr(p), State: api.StateForwarding, Since: time.Now().UTC(), Host: "h2"})
+	if _, err := kv.Put(context.Background(), key("sb-h2", p), rec); err != nil {
+		t.Fatal(err)
+	}
+	st.stopSvc()
+	st.start()
+	st.probe()
+	if err := portFree(p); err != nil {
+		t.Fatalf("this host's forwarder restored h2's forward: %v", err)
+	}
+	if _, err := kv.Get(context.Background(), key("sb-h2", p)); err != nil {
+		t.Fatalf("this host's forwarder dropped h2's record: %v", err)
+	}
+	// The same set from this host's own vmm is forwarded.
+	st.listenersOf(bus.LocalHost, "sb-h2", "default/on-h2", p)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		f, err := forwardState(st, "sb-h2", p)
+		if err == nil && (f.State != api.StateForwarding || f.Host != bus.LocalHost) {
+			err = fmt.Errorf("forward %+v", f)
+		}
+		return err
+	})
 }
 
 func TestRestoreDropsStoppedSandbox(t *testing.T) {

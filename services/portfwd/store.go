@@ -34,7 +34,7 @@ func (s *Service) unstore(ctx context.Context, f *forward) {
 	}
 }
 
-// restore binds again the forwards recorded in KV by an earlier run, oldest first, so the
+// restore binds again the forwards this host recorded in KV in an earlier run, oldest first, so the
 // same sandbox keeps a contested port. A sandbox whose last lifecycle event says it is no
 // longer running loses its records; the others wait for a listener set to confirm them
 // (RestoreGrace).
@@ -56,6 +56,9 @@ func (s *Service) restore(ctx context.Context) {
 		if json.Unmarshal(e.Value(), &r) != nil || !idRE.MatchString(r.ID) || !api.InRange(int(r.Port)) || key(r.ID, r.Port) != k {
 			s.kv.Delete(lctx, k)
 			continue
+		}
+		if !s.ours(r.Host) {
+			continue // another host's forward, in the cluster's shared bucket
 		}
 		recs = append(recs, r)
 	}

@@ -75,7 +75,7 @@ func (s *Service) watchListeners(ctx context.Context, m *machine) {
 	var last []portfwdapi.Port
 	var published time.Time
 	publish := func(ports []portfwdapi.Port) {
-		ev := portfwdapi.ListenersEvent{Type: portfwdapi.TypeListeners, ID: m.id, Name: m.name, Ports: ports, Time: time.Now().UTC()}
+		ev := portfwdapi.ListenersEvent{Type: portfwdapi.TypeListeners, ID: m.id, Name: m.name, Ports: ports, Time: time.Now().UTC(), Host: s.cfg.Host}
 		if ev.Ports == nil {
 			ev.Ports = []portfwdapi.Port{}
 		}

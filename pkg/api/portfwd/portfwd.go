@@ -61,6 +61,9 @@ type ListenersEvent struct {
 	Name  string    `json:"name"`
 	Ports []Port    `json:"ports"`
 	Time  time.Time `json:"time"`
+	// Host is the host whose vmm runs the VM: in a cluster every forwarder hears every set and
+	// opens those of its own host only (a set without one is taken as its own).
+	Host string `json:"host,omitempty"`
 }
 
 // ForwardEvent reports that one forward started, is in conflict, or was released.

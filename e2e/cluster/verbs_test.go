@@ -1,0 +1,233 @@
+package cluster_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/IniZio/nexus/internal/testutil"
+	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
+)
+
+// remoteVerbs runs, from h1's CLI, the verbs other than exec against sandbox name on host i
+// (not h1): cp both ways, logs, attach on a pty, ports (the forward opens on host i's
+// 127.0.0.1, not on h1's) and audit tail --sandbox.
+func (c *cluster) remoteVerbs(t *testing.T, name string, i int) {
+	t.Helper()
+	host := fmt.Sprintf("h%d", i+1)
+	id := c.sandboxes(t)[name].ID
+
+	// cp, host -> guest and back: a small file, and one of many stream chunks.
+	dir := t.TempDir()
+	small := filepath.Join(dir, "small.txt")
+	if err := os.WriteFile(small, []byte("from h1 to "+name+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.cli(t, "cp", small, name+":/tmp/small.txt")
+	if out := c.cli(t, "exec", name, "--", "cat", "/tmp/small.txt"); out != "from h1 to "+name+"\n" {
+		t.Fatalf("cp to %s (host %s): the guest has %q", name, host, out)
+	}
+	big := make([]byte, 600<<10)
+	rand.Read(big)
+	if err := os.WriteFile(filepath.Join(dir, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.cli(t, "cp", filepath.Join(dir, "big"), name+":/tmp/big")
+	c.cli(t, "exec", name, "--", "sh", "-c", `echo "written in $1" > /tmp/out.txt`, "sh", name)
+	c.cli(t, "cp", name+":/tmp/out.txt", filepath.Join(dir, "out.txt"))
+	if b, _ := os.ReadFile(filepath.Join(dir, "out.txt")); string(b) != "written in "+name+"\n" {
+		t.Fatalf("cp from %s (host %s): h1 got %q", name, host, b)
+	}
+	c.cli(t, "cp", name+":/tmp/big", filepath.Join(dir, "big.back"))
+	if b, _ := os.ReadFile(filepath.Join(dir, "big.back")); !bytes.Equal(b, big) {
+		t.Fatalf("cp of %d bytes to %s (host %s) and back: %d bytes, not the same", len(big), name, host, len(b))
+	}
+
+	// logs: what the guest writes on its console.
+	mark := fmt.Sprintf("console mark of %s %d", name, os.Getpid())
+	c.cli(t, "exec", name, "--", "sh", "-c", `echo "$1" > /dev/console`, "sh", mark)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		out, errOut, code := c.hosts[0].Nexus(t, "logs", name)
+		if code != 0 {
+			return fmt.Errorf("logs %s: exit %d: %s", name, code, errOut)
+		}
+		if !strings.Contains(out, mark) {
+			return fmt.Errorf("logs %s (host %s) lack %q; tail: %q", name, host, mark, out[max(0, len(out)-300):])
+		}
+		return nil
+	})
+
+	c.attach(t, name, host)
+	c.forwardedOn(t, name, i)
+
+	// audit tail --sandbox: the remote sandbox's refused egress, and nothing of another.
+	refused := fmt.Sprintf("refused-%d.example", os.Getpid())
+	c.cli(t, "exec", name, "--", "sh", "-c", `nslookup "$1" >/dev/null 2>&1; true`, "sh", refused)
+	testutil.WaitFor(t, 15*time.Second, func() error {
+		out, errOut, code := c.hosts[0].Nexus(t, "audit", "tail", "--sandbox", name, "--denied", "--json")
+		if code != 0 {
+			return fmt.Errorf("audit tail --sandbox %s: exit %d: %s", name, code, errOut)
+		}
+		seen := false
+		sc := bufio.NewScanner(strings.NewReader(out))
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var e struct {
+				Sandbox  string `json:"sandbox"`
+				Host     string `json:"host"`
+				Decision string `json:"decision"`
+			}
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				t.Fatalf("audit tail --json line %q: %v", sc.Text(), err)
+			}
+			if e.Sandbox != id || e.Decision != "deny" {
+				t.Fatalf("audit tail --sandbox %s --denied printed an event of %s, decision %s", name, e.Sandbox, e.Decision)
+			}
+			seen = seen || strings.TrimSuffix(e.Host, ".") == refused
+		}
+		if !seen {
+			return fmt.Errorf("audit tail --sandbox %s (host %s) has no refusal of %s yet:\n%s", name, host, refused, out)
+		}
+		return nil
+	})
+	t.Logf("cp, logs, attach, ports and audit from h1 against %s on %s", name, host)
+}
+
+// attach opens a shell in name from h1's CLI on a pty, runs a line in it and checks its
+// output, its terminal size and its exit status.
+func (c *cluster) attach(t *testing.T, name, host string) {
+	t.Helper()
+	cmd := c.hosts[0].Command("attach", name)
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 31, Cols: 97})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var mu sync.Mutex
+	var out bytes.Buffer
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := f.Read(buf)
+			mu.Lock()
+			out.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	screen := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return out.String()
+	}
+	// The shell's prompt, before it is given a line.
+	if err := testutil.Poll(30*time.Second, func() error {
+		if s := screen(); !strings.ContainsAny(s, "#$") {
+			return fmt.Errorf("attach %s (host %s): no prompt yet: %q", name, host, s)
+		}
+		return nil
+	}); err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	// The echoed line has the expression, only the shell's output its value.
+	f.Write([]byte("echo \"attached $((6*7)) $(stty size)\"; exit 7\r"))
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+			t.Fatalf("attach %s (host %s): %v; want exit status 7; terminal: %q", name, host, err, screen())
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("attach %s (host %s) did not exit; terminal: %q", name, host, screen())
+	}
+	// The reader may still be draining the pty after the exit.
+	if err := testutil.Poll(5*time.Second, func() error {
+		if s := screen(); !strings.Contains(s, "attached 42 31 97") {
+			return fmt.Errorf("attach %s (host %s): terminal shows %q, want the line's output with the pty's size 31 97", name, host, s)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// forwardedOn starts a web server on a guest port of name (on host i) and checks that nexus
+// ports on h1 lists it on host i, and that the port answers on host i's 127.0.0.1, not h1's.
+func (c *cluster) forwardedOn(t *testing.T, name string, i int) {
+	t.Helper()
+	host := fmt.Sprintf("h%d", i+1)
+	const port = 8371
+	page := "served by " + name + "\n"
+	c.cli(t, "exec", name, "--", "sh", "-c", fmt.Sprintf(`mkdir -p /tmp/www && echo "$1" > /tmp/www/index.html && busybox httpd -p 127.0.0.1:%d -h /tmp/www
+i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done`, port, port), "sh", strings.TrimSuffix(page, "\n"))
+	var row portfwdapi.Forward
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		var list []portfwdapi.Forward
+		if err := json.Unmarshal([]byte(c.cli(t, "ports", "--json")), &list); err != nil {
+			return err
+		}
+		for _, f := range list {
+			if f.Sandbox == name && f.Port == port {
+				row = f
+				if f.State != portfwdapi.StateForwarding {
+					return fmt.Errorf("port %d of %s is %s", port, name, f.State)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("port %d of %s not in nexus ports: %+v", port, name, list)
+	})
+	if row.Host != host || row.HostAddr != fmt.Sprintf("127.0.0.1:%d", port) {
+		t.Fatalf("nexus ports on h1 lists %s:%d as %+v, want on host %s at 127.0.0.1:%d", name, port, row, host, port)
+	}
+	get := func() (string, error) {
+		conn, err := net.DialTimeout("tcp", row.HostAddr, 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
+			return "", err
+		}
+		b, err := io.ReadAll(io.LimitReader(conn, 64<<10))
+		return string(b), err
+	}
+	var got string
+	if err := c.lan.InHost(i, func() (err error) { got, err = get(); return err }); err != nil || !strings.HasSuffix(got, "\r\n\r\n"+page) {
+		t.Fatalf("127.0.0.1:%d on %s: %v %q, want the guest's page", port, host, err, got)
+	}
+	if err := c.lan.InHost(0, func() (err error) { got, err = get(); return err }); err == nil {
+		t.Fatalf("127.0.0.1:%d answers on h1 (%q), the forward of %s belongs on %s", port, got, name, host)
+	}
+	tw := c.cli(t, "ports", name)
+	listed := false
+	for _, l := range strings.Split(tw, "\n") {
+		f := strings.Fields(l)
+		listed = listed || len(f) > 2 && f[0] == name && f[1] == host && f[2] == strconv.Itoa(port)
+	}
+	if !listed {
+		t.Fatalf("nexus ports %s does not list port %d on host %s:\n%s", name, port, host, tw)
+	}
+}
