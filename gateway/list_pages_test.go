@@ -150,6 +150,22 @@ func TestPSFollowsChanges(t *testing.T) {
 		paged = append(paged, after)
 	}
 	check("ps -a one by one", strings.Join(paged, " "), "p/0 p/a p/b p/c")
+	// ps --json prints the pages as the gateway wrote them, joined: what decoding and encoding
+	// them again would print, for any page size.
+	for _, r := range []api.ListRequest{{All: true}, {All: true, Limit: 1}, {Limit: 2}, {All: true, Limit: 3}, {Selector: []string{"team=nobody"}}} {
+		list, err := cli.List(ctx, api.ListRequest{All: r.All, Selector: r.Selector})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(list)
+		got, err := cli.ListJSON(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("ListJSON(%+v):\n%s\nwant\n%s", r, got, want)
+		}
+	}
 
 	// This gateway's own writes.
 	a.Labels = map[string]string{"team": "y"}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,6 +59,19 @@ func printJSON(w io.Writer, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
+}
+
+// printRawJSON prints raw, JSON as a service encoded it, as printJSON prints a value: indented
+// by two spaces, one newline after it.
+func printRawJSON(w io.Writer, raw []byte) error {
+	var b bytes.Buffer
+	b.Grow(len(raw) + len(raw)/2)
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return fmt.Errorf("the gateway's reply is not JSON: %w", err)
+	}
+	b.WriteByte('\n')
+	_, err := w.Write(b.Bytes())
+	return err
 }
 
 // ErrorJSON is how a failure is printed on stderr under --json.

@@ -177,12 +177,18 @@ func psCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := c.List(cmd.Context(), api.ListRequest{Selector: sel, All: all})
+			req := api.ListRequest{Selector: sel, All: all}
+			if jsonOutput(cmd) {
+				// The gateway's JSON, indented: 10,000 sandboxes are not decoded to be encoded again.
+				raw, err := c.ListJSON(cmd.Context(), req)
+				if err != nil {
+					return err
+				}
+				return printRawJSON(cmd.OutOrStdout(), raw)
+			}
+			list, err := c.List(cmd.Context(), req)
 			if err != nil {
 				return err
-			}
-			if printedJSON(cmd, list) {
-				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATE\tIMAGE\tAGENT\tEGRESS\tMEMORY (RSS/LIMIT)\tLABELS\tAGE\tHOST")

@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -99,4 +100,16 @@ func (e Endpoint[Req, Resp]) Call(ctx context.Context, nc *nats.Conn, host strin
 		return RequestAgain[Resp](ctx, nc, e.Subject(host), req)
 	}
 	return Request[Resp](ctx, nc, e.Subject(host), req)
+}
+
+// CallJSON is Call for a caller that passes the reply on rather than reading it (prints it): the
+// reply's data as the service encoded it (the JSON of a Resp), not decoded.
+func (e Endpoint[Req, Resp]) CallJSON(ctx context.Context, nc *nats.Conn, host string, req Req) (json.RawMessage, error) {
+	if e.Scope.PerHost && host == "" {
+		return nil, errdefs.Invalid("%s: no host given for a per-host endpoint", e.Subject("<host>"))
+	}
+	if e.Read {
+		return RequestAgain[json.RawMessage](ctx, nc, e.Subject(host), req)
+	}
+	return Request[json.RawMessage](ctx, nc, e.Subject(host), req)
 }

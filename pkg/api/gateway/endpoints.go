@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
 
@@ -101,6 +103,42 @@ func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error)
 			return out, nil
 		}
 		r.After = page[len(page)-1].Name
+	}
+}
+
+// ListJSON is List as the gateway encodes it, for a caller that prints it (ps --json): one JSON
+// array of every sandbox r selects, by name, joined from the pages' arrays without decoding
+// them. r.Limit, when set below ListPage, is the size of a page.
+func (c *Client) ListJSON(ctx context.Context, r ListRequest) ([]byte, error) {
+	if r.Limit <= 0 || r.Limit > ListPage {
+		r.Limit = ListPage
+	}
+	out := []byte{'['}
+	for {
+		raw, err := List.CallJSON(ctx, c.nc, "", r)
+		if err != nil {
+			return nil, err
+		}
+		elems, err := arrayElements(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", List.Subject(""), err)
+		}
+		for _, e := range elems {
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = append(out, e...)
+		}
+		if len(elems) < r.Limit {
+			return append(out, ']'), nil
+		}
+		var last struct {
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal(elems[len(elems)-1], &last); err != nil || last.Name == "" {
+			return nil, fmt.Errorf("%s: a sandbox without a name in the reply", List.Subject(""))
+		}
+		r.After = last.Name
 	}
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 )
 
@@ -78,3 +79,66 @@ func (v *SandboxView) appendJSON(b []byte) ([]byte, error) {
 	}
 	return append(b, '}'), nil
 }
+
+// arrayElements splits raw, a valid JSON array (a reply the bus decoder has checked), into its
+// elements, each as it is written there; anything but an array is an error.
+func arrayElements(raw []byte) ([][]byte, error) {
+	i := skipSpace(raw, 0)
+	if i == len(raw) || raw[i] != '[' {
+		if string(raw[i:]) == "null" {
+			return nil, nil
+		}
+		return nil, errors.New("the reply is not a list")
+	}
+	var out [][]byte
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return out, nil
+	}
+	for i < len(raw) {
+		start, depth, inString := i, 0, false
+	elem:
+		for ; i < len(raw); i++ {
+			c := raw[i]
+			switch {
+			case inString && c == '\\':
+				i++ // the escaped byte
+			case inString:
+				inString = c != '"'
+			case c == '"':
+				inString = true
+			case c == '{' || c == '[':
+				depth++
+			case c == '}' || c == ']':
+				if depth == 0 {
+					break elem // the array's own ]
+				}
+				depth--
+			case c == ',' && depth == 0:
+				break elem
+			}
+		}
+		end := i
+		for end > start && isSpace(raw[end-1]) {
+			end--
+		}
+		if i == len(raw) || end == start {
+			return nil, errors.New("the reply is not a well-formed list")
+		}
+		out = append(out, raw[start:end])
+		if raw[i] == ']' {
+			return out, nil
+		}
+		i = skipSpace(raw, i+1)
+	}
+	return nil, errors.New("the reply is not a well-formed list")
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

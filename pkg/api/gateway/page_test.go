@@ -54,3 +54,30 @@ func TestSandboxPageEncodesAsViews(t *testing.T) {
 		}
 	}
 }
+
+// TestArrayElements: a reply's array is split into its elements as written, whatever strings
+// with brackets, commas and escaped quotes they hold; what is not a list is an error.
+func TestArrayElements(t *testing.T) {
+	for raw, want := range map[string][]string{
+		`[]`:    {},
+		` [ ] `: {},
+		`null`:  nil,
+		`[{"name":"a,]}\"{","x":[1,{"y":"]"}]} , [1,[2]],"s\\\",2" ,3]`: {`{"name":"a,]}\"{","x":[1,{"y":"]"}]}`, `[1,[2]]`, `"s\\\",2"`, `3`},
+	} {
+		got, err := arrayElements([]byte(raw))
+		if err != nil || len(got) != len(want) {
+			t.Errorf("arrayElements(%s) = %q (%v), want %q", raw, got, err, want)
+			continue
+		}
+		for i := range want {
+			if string(got[i]) != want[i] {
+				t.Errorf("arrayElements(%s)[%d] = %s, want %s", raw, i, got[i], want[i])
+			}
+		}
+	}
+	for _, raw := range []string{`{}`, `"x"`, `[1,`, `[1`, ``} {
+		if got, err := arrayElements([]byte(raw)); err == nil {
+			t.Errorf("arrayElements(%s) = %q, want an error", raw, got)
+		}
+	}
+}
