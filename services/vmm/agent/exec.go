@@ -40,8 +40,8 @@ func (s *Server) handleExec(ctx context.Context, st *yamux.Stream, req *agentpro
 		return
 	}
 	s.reply(st, agentproto.Response{})
-	s.execActivity()
-	defer s.execActivity()
+	s.lookAgain(true)
+	defer s.lookAgain(true)
 	fw := agentproto.NewFrameWriter(st)
 	e := &execution{s: s, st: st, fw: fw, req: req}
 	code, sig := e.run()

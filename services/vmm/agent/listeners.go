@@ -42,23 +42,26 @@ func (s *Server) listeners() ([]agentproto.Listener, error) {
 	return out, nil
 }
 
-// ListenerWatch paces watch-listeners: the agent looks at the guest's listening sockets every
-// Busy for BusyFor after an exec starts or ends (servers start and stop then), and every Idle
-// otherwise, so that an idle guest wakes up for it rarely.
+// ListenerWatch paces watch-listeners. The agent looks at the guest's listening sockets when
+// the host pings it (its heartbeat: the guest is awake then anyway), every Busy for BusyFor
+// after an exec starts or ends (servers start and stop then), and after Idle without any of
+// those. Each look costs an idle guest a wakeup and, under TCG, milliseconds of host CPU.
 type ListenerWatch struct {
 	Busy, BusyFor, Idle time.Duration
 }
 
 // DefaultListenerWatch is the pace of a Config that sets none.
-var DefaultListenerWatch = ListenerWatch{Busy: 250 * time.Millisecond, BusyFor: 10 * time.Second, Idle: time.Second}
+var DefaultListenerWatch = ListenerWatch{Busy: 250 * time.Millisecond, BusyFor: 10 * time.Second, Idle: 10 * time.Second}
 
-// execActivity records that an exec started or ended: watchers look at the listeners again now
-// and often for a while.
-func (s *Server) execActivity() {
+// lookAgain makes the listener watchers look now; exec says an exec started or ended, after
+// which they look often for a while.
+func (s *Server) lookAgain(exec bool) {
 	s.mu.Lock()
-	s.lastExec = time.Now()
-	close(s.execKick)
-	s.execKick = make(chan struct{})
+	if exec {
+		s.lastExec = time.Now()
+	}
+	close(s.look)
+	s.look = make(chan struct{})
 	s.mu.Unlock()
 }
 
@@ -90,7 +93,7 @@ func (s *Server) handleWatchListeners(ctx context.Context, st *yamux.Stream) {
 		}
 		s.mu.Lock()
 		pace := s.cfg.ListenerWatch
-		wait, kick := pace.Idle, s.execKick
+		wait, kick := pace.Idle, s.look
 		if time.Since(s.lastExec) < pace.BusyFor {
 			wait = pace.Busy
 		}

@@ -92,9 +92,10 @@ type Server struct {
 	vsock    bool
 	sessions []*yamux.Session // live sessions, newest last; dial-host uses the newest
 	execs    map[execKey]int  // running execs by stream: their pids (process groups)
-	// lastExec is when an exec last started or ended; execKick is closed then (and replaced).
+	// lastExec is when an exec last started or ended; look is closed then and at each ping
+	// (and replaced): listener watchers look again (lookAgain).
 	lastExec time.Time
-	execKick chan struct{}
+	look     chan struct{}
 }
 
 // New returns a Server.
@@ -109,7 +110,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.ListenerWatch = DefaultListenerWatch
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), env: map[string]string{}, execs: map[execKey]int{},
-		execKick: make(chan struct{})}
+		look: make(chan struct{})}
 	if cfg.BootTime.IsZero() {
 		s.cfg.BootTime = s.start
 	}
@@ -235,6 +236,7 @@ func (s *Server) handleStream(ctx context.Context, st *yamux.Stream) {
 	case agentproto.OpPing:
 		s.reply(st, agentproto.Response{Pong: s.pong()})
 		st.Close()
+		s.lookAgain(false)
 	case agentproto.OpConfigure:
 		s.replyErr(st, s.configure(req.Configure))
 		st.Close()

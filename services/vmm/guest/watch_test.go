@@ -36,12 +36,12 @@ func procNetTCP(t *testing.T, root string, ports ...uint16) {
 }
 
 // The agent pushes the guest's listeners on watch-listeners: the set at once, then each change,
-// and only changes; an exec starting makes it look again at once.
+// and only changes; a ping or an exec makes it look again at once.
 func TestWatchListenersPushesChanges(t *testing.T) {
 	root := shortTemp(t)
 	os.MkdirAll(filepath.Join(root, "net"), 0o755)
 	procNetTCP(t, root, 3000)
-	// Idle, the agent does not look again within the test; after an exec, all the time.
+	// Idle, the agent does not look again on its own within the test; after an exec, all the time.
 	h := startAgent(t, agent.Config{ProcRoot: root, ListenerWatch: agent.ListenerWatch{Busy: time.Millisecond, BusyFor: time.Hour, Idle: time.Hour}})
 
 	sets := make(chan []uint16, 16)
@@ -70,10 +70,16 @@ func TestWatchListenersPushesChanges(t *testing.T) {
 		}
 	}
 	next(3000)
+	// The host's heartbeat makes the agent look again.
+	procNetTCP(t, root, 3000, 4000)
+	if _, err := h.client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next(3000, 4000)
 	// A server started by an exec: the exec makes the agent look again, and often for a while.
-	procNetTCP(t, root, 3000, 5173)
+	procNetTCP(t, root, 4000, 5173)
 	run(t, h.client, guest.ExecRequest{Argv: []string{"true"}}, nil)
-	next(3000, 5173)
+	next(4000, 5173)
 	procNetTCP(t, root)
 	next()
 	// While nothing changes nothing is pushed, however often the agent looks (an exec's time).
