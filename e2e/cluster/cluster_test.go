@@ -2,9 +2,9 @@
 // namespaces on a private bridge (testutil.NewLAN), each a host with its own HOME, NEXUS_HOME,
 // bus node and services, joined as deploy/README.md says (`nexus cluster init` on h1, a join
 // token each for h2 and h3, `nexus up` in every namespace). From h1's CLI it places sandboxes
-// across the hosts and execs into each, runs cp, logs, attach, ports and audit against the one
-// on h3 (its forward opening on h3's 127.0.0.1), kills every process of one host (its bus node and VMs
-// included), and checks that its sandbox fails with "host h3 lost", that a new sandbox avoids
+// across the hosts and execs into each; from h1's and h2's CLIs it runs cp, logs, attach, ports
+// and audit against the one on h3 (its forward opening on h3's 127.0.0.1). It kills every
+// process of one host (its bus node and VMs included), and checks that its sandbox fails with "host h3 lost", that a new sandbox avoids
 // it, that the audit stream and the registry lost nothing, and that the host's sandbox is
 // cleaned up when it comes back; then it kills only the nexus of another host, whose VM runs on,
 // and checks that the sandbox, failed as lost, is running again, the same VM, once the host's
@@ -327,9 +327,11 @@ func TestThreeHostsOnOneMachine(t *testing.T) {
 	recordsBefore := len(c.sandboxes(t))
 	t.Logf("before h3 goes: %d audit events, %d registry records", auditBefore, recordsBefore)
 
-	// The other verbs from h1's CLI against a sandbox on another host: cp, logs, attach, ports
-	// (opened on that host) and audit.
-	c.remoteVerbs(t, lost, victim)
+	// The other verbs against a sandbox on another host, from the control host's CLI and from a
+	// worker's (no gateway there): cp, logs, attach, ports (opened on the sandbox's host) and
+	// audit.
+	c.remoteVerbs(t, 0, lost, victim)
+	c.remoteVerbs(t, 1, lost, victim)
 
 	// h3 loses power: every process of its namespace, bus node and QEMU included.
 	n, err := c.lan.KillHost(victim)

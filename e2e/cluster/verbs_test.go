@@ -24,45 +24,49 @@ import (
 	portfwdapi "github.com/IniZio/nexus/pkg/api/portfwd"
 )
 
-// remoteVerbs runs, from h1's CLI, the verbs other than exec against sandbox name on host i
-// (not h1): cp both ways, logs, attach on a pty, ports (the forward opens on host i's
-// 127.0.0.1, not on h1's) and audit tail --sandbox.
-func (c *cluster) remoteVerbs(t *testing.T, name string, i int) {
+// remoteVerbs runs, from the CLI of host from, the verbs other than exec against sandbox name
+// on host i (another one): cp both ways, logs, attach on a pty, ports (the forward opens on
+// host i's 127.0.0.1, not on the CLI's host's) and audit tail --sandbox.
+func (c *cluster) remoteVerbs(t *testing.T, from int, name string, i int) {
 	t.Helper()
-	host := fmt.Sprintf("h%d", i+1)
+	host, by := fmt.Sprintf("h%d", i+1), fmt.Sprintf("h%d", from+1)
+	cli := func(args ...string) string {
+		t.Helper()
+		return c.hosts[from].MustNexus(t, args...)
+	}
 	id := c.sandboxes(t)[name].ID
 
 	// cp, host -> guest and back: a small file, and one of many stream chunks.
 	dir := t.TempDir()
 	small := filepath.Join(dir, "small.txt")
-	if err := os.WriteFile(small, []byte("from h1 to "+name+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(small, []byte("from "+by+" to "+name+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.cli(t, "cp", small, name+":/tmp/small.txt")
-	if out := c.cli(t, "exec", name, "--", "cat", "/tmp/small.txt"); out != "from h1 to "+name+"\n" {
-		t.Fatalf("cp to %s (host %s): the guest has %q", name, host, out)
+	cli("cp", small, name+":/tmp/small.txt")
+	if out := cli("exec", name, "--", "cat", "/tmp/small.txt"); out != "from "+by+" to "+name+"\n" {
+		t.Fatalf("cp from %s to %s (host %s): the guest has %q", by, name, host, out)
 	}
 	big := make([]byte, 600<<10)
 	rand.Read(big)
 	if err := os.WriteFile(filepath.Join(dir, "big"), big, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.cli(t, "cp", filepath.Join(dir, "big"), name+":/tmp/big")
-	c.cli(t, "exec", name, "--", "sh", "-c", `echo "written in $1" > /tmp/out.txt`, "sh", name)
-	c.cli(t, "cp", name+":/tmp/out.txt", filepath.Join(dir, "out.txt"))
+	cli("cp", filepath.Join(dir, "big"), name+":/tmp/big")
+	cli("exec", name, "--", "sh", "-c", `echo "written in $1" > /tmp/out.txt`, "sh", name)
+	cli("cp", name+":/tmp/out.txt", filepath.Join(dir, "out.txt"))
 	if b, _ := os.ReadFile(filepath.Join(dir, "out.txt")); string(b) != "written in "+name+"\n" {
-		t.Fatalf("cp from %s (host %s): h1 got %q", name, host, b)
+		t.Fatalf("cp from %s (host %s): %s got %q", name, host, by, b)
 	}
-	c.cli(t, "cp", name+":/tmp/big", filepath.Join(dir, "big.back"))
+	cli("cp", name+":/tmp/big", filepath.Join(dir, "big.back"))
 	if b, _ := os.ReadFile(filepath.Join(dir, "big.back")); !bytes.Equal(b, big) {
-		t.Fatalf("cp of %d bytes to %s (host %s) and back: %d bytes, not the same", len(big), name, host, len(b))
+		t.Fatalf("cp of %d bytes from %s to %s (host %s) and back: %d bytes, not the same", len(big), by, name, host, len(b))
 	}
 
 	// logs: what the guest writes on its console.
-	mark := fmt.Sprintf("console mark of %s %d", name, os.Getpid())
-	c.cli(t, "exec", name, "--", "sh", "-c", `echo "$1" > /dev/console`, "sh", mark)
+	mark := fmt.Sprintf("console mark of %s for %s %d", name, by, os.Getpid())
+	cli("exec", name, "--", "sh", "-c", `echo "$1" > /dev/console`, "sh", mark)
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		out, errOut, code := c.hosts[0].Nexus(t, "logs", name)
+		out, errOut, code := c.hosts[from].Nexus(t, "logs", name)
 		if code != 0 {
 			return fmt.Errorf("logs %s: exit %d: %s", name, code, errOut)
 		}
@@ -72,14 +76,14 @@ func (c *cluster) remoteVerbs(t *testing.T, name string, i int) {
 		return nil
 	})
 
-	c.attach(t, name, host)
-	c.forwardedOn(t, name, i)
+	c.attach(t, from, name, host)
+	c.forwardedOn(t, from, name, i)
 
 	// audit tail --sandbox: the remote sandbox's refused egress, and nothing of another.
-	refused := fmt.Sprintf("refused-%d.example", os.Getpid())
-	c.cli(t, "exec", name, "--", "sh", "-c", `nslookup "$1" >/dev/null 2>&1; true`, "sh", refused)
+	refused := fmt.Sprintf("refused-%s-%d.example", by, os.Getpid())
+	cli("exec", name, "--", "sh", "-c", `nslookup "$1" >/dev/null 2>&1; true`, "sh", refused)
 	testutil.WaitFor(t, 15*time.Second, func() error {
-		out, errOut, code := c.hosts[0].Nexus(t, "audit", "tail", "--sandbox", name, "--denied", "--json")
+		out, errOut, code := c.hosts[from].Nexus(t, "audit", "tail", "--sandbox", name, "--denied", "--json")
 		if code != 0 {
 			return fmt.Errorf("audit tail --sandbox %s: exit %d: %s", name, code, errOut)
 		}
@@ -105,14 +109,14 @@ func (c *cluster) remoteVerbs(t *testing.T, name string, i int) {
 		}
 		return nil
 	})
-	t.Logf("cp, logs, attach, ports and audit from h1 against %s on %s", name, host)
+	t.Logf("cp, logs, attach, ports and audit from %s against %s on %s", by, name, host)
 }
 
-// attach opens a shell in name from h1's CLI on a pty, runs a line in it and checks its
-// output, its terminal size and its exit status.
-func (c *cluster) attach(t *testing.T, name, host string) {
+// attach opens a shell in name from the CLI of host from on a pty, runs a line in it and
+// checks its output, its terminal size and its exit status.
+func (c *cluster) attach(t *testing.T, from int, name, host string) {
 	t.Helper()
-	cmd := c.hosts[0].Command("attach", name)
+	cmd := c.hosts[from].Command("attach", name)
 	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 31, Cols: 97})
 	if err != nil {
 		t.Fatal(err)
@@ -172,19 +176,20 @@ func (c *cluster) attach(t *testing.T, name, host string) {
 	}
 }
 
-// forwardedOn starts a web server on a guest port of name (on host i) and checks that nexus
-// ports on h1 lists it on host i, and that the port answers on host i's 127.0.0.1, not h1's.
-func (c *cluster) forwardedOn(t *testing.T, name string, i int) {
+// forwardedOn starts a web server on a guest port of name (on host i), unless it runs, and
+// checks that nexus ports on host from lists it on host i, and that the port answers on host
+// i's 127.0.0.1, not on the CLI's host's.
+func (c *cluster) forwardedOn(t *testing.T, from int, name string, i int) {
 	t.Helper()
-	host := fmt.Sprintf("h%d", i+1)
+	host, by := fmt.Sprintf("h%d", i+1), fmt.Sprintf("h%d", from+1)
 	const port = 8371
 	page := "served by " + name + "\n"
-	c.cli(t, "exec", name, "--", "sh", "-c", fmt.Sprintf(`mkdir -p /tmp/www && echo "$1" > /tmp/www/index.html && busybox httpd -p 127.0.0.1:%d -h /tmp/www
-i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done`, port, port), "sh", strings.TrimSuffix(page, "\n"))
+	c.hosts[from].MustNexus(t, "exec", name, "--", "sh", "-c", fmt.Sprintf(`netstat -ltn | grep -q ':%d ' || { mkdir -p /tmp/www && echo "$1" > /tmp/www/index.html && busybox httpd -p 127.0.0.1:%d -h /tmp/www; }
+i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done`, port, port, port), "sh", strings.TrimSuffix(page, "\n"))
 	var row portfwdapi.Forward
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		var list []portfwdapi.Forward
-		if err := json.Unmarshal([]byte(c.cli(t, "ports", "--json")), &list); err != nil {
+		if err := json.Unmarshal([]byte(c.hosts[from].MustNexus(t, "ports", "--json")), &list); err != nil {
 			return err
 		}
 		for _, f := range list {
@@ -196,10 +201,10 @@ i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 
 				return nil
 			}
 		}
-		return fmt.Errorf("port %d of %s not in nexus ports: %+v", port, name, list)
+		return fmt.Errorf("port %d of %s not in nexus ports on %s: %+v", port, name, by, list)
 	})
 	if row.Host != host || row.HostAddr != fmt.Sprintf("127.0.0.1:%d", port) {
-		t.Fatalf("nexus ports on h1 lists %s:%d as %+v, want on host %s at 127.0.0.1:%d", name, port, row, host, port)
+		t.Fatalf("nexus ports on %s lists %s:%d as %+v, want on host %s at 127.0.0.1:%d", by, name, port, row, host, port)
 	}
 	get := func() (string, error) {
 		conn, err := net.DialTimeout("tcp", row.HostAddr, 5*time.Second)
@@ -218,10 +223,10 @@ i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 
 	if err := c.lan.InHost(i, func() (err error) { got, err = get(); return err }); err != nil || !strings.HasSuffix(got, "\r\n\r\n"+page) {
 		t.Fatalf("127.0.0.1:%d on %s: %v %q, want the guest's page", port, host, err, got)
 	}
-	if err := c.lan.InHost(0, func() (err error) { got, err = get(); return err }); err == nil {
-		t.Fatalf("127.0.0.1:%d answers on h1 (%q), the forward of %s belongs on %s", port, got, name, host)
+	if err := c.lan.InHost(from, func() (err error) { got, err = get(); return err }); err == nil {
+		t.Fatalf("127.0.0.1:%d answers on %s (%q), the forward of %s belongs on %s", port, by, got, name, host)
 	}
-	tw := c.cli(t, "ports", name)
+	tw := c.hosts[from].MustNexus(t, "ports", name)
 	listed := false
 	for _, l := range strings.Split(tw, "\n") {
 		f := strings.Fields(l)
