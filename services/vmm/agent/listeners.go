@@ -77,6 +77,10 @@ func (s *Server) handleWatchListeners(ctx context.Context, st *yamux.Stream) {
 	}()
 	var last []agentproto.Listener
 	for first := true; ; first = false {
+		// Taken before the look: a ping or exec during it makes the next one come at once.
+		s.mu.Lock()
+		kick := s.look
+		s.mu.Unlock()
 		ls, err := s.listeners()
 		if err != nil {
 			s.replyErr(st, err)
@@ -93,7 +97,7 @@ func (s *Server) handleWatchListeners(ctx context.Context, st *yamux.Stream) {
 		}
 		s.mu.Lock()
 		pace := s.cfg.ListenerWatch
-		wait, kick := pace.Idle, s.look
+		wait := pace.Idle
 		if time.Since(s.lastExec) < pace.BusyFor {
 			wait = pace.Busy
 		}
