@@ -332,6 +332,12 @@ func TestThreeHostsOnOneMachine(t *testing.T) {
 	// audit.
 	c.remoteVerbs(t, 0, lost, victim)
 	c.remoteVerbs(t, 1, lost, victim)
+	// The same guest port on h2's sandbox: each host's forwarder opens its own sandboxes' only,
+	// so neither is in conflict with the other.
+	c.forwardedOn(t, 0, placed["h2"], 1)
+	if err := c.serves(victim, lost); err != nil {
+		t.Fatal(err)
+	}
 
 	// h3 loses power: every process of its namespace, bus node and QEMU included.
 	n, err := c.lan.KillHost(victim)
@@ -446,6 +452,8 @@ func TestThreeHostsOnOneMachine(t *testing.T) {
 	if out := c.cli(t, "exec", kept, "--", "cat", "/tmp/mark"); out != "before\n" {
 		t.Fatalf("after h2's return %s has %q in /tmp/mark, want the guest as it was", kept, out)
 	}
+	// Its port forward is open on h2 again (the vmm's listener set, or portfwd's own records).
+	testutil.WaitFor(t, 30*time.Second, func() error { return c.serves(1, kept) })
 	t.Logf("%s after h2's return: %s on %s, the same VM (pid %d)", kept, s.State, s.Host, qpid)
 	c.cli(t, "rm", "--force", "-l", label)
 }

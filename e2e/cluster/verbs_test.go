@@ -182,8 +182,8 @@ func (c *cluster) attach(t *testing.T, from int, name, host string) {
 func (c *cluster) forwardedOn(t *testing.T, from int, name string, i int) {
 	t.Helper()
 	host, by := fmt.Sprintf("h%d", i+1), fmt.Sprintf("h%d", from+1)
-	const port = 8371
-	page := "served by " + name + "\n"
+	const port = webPort
+	page := webPage(name)
 	c.hosts[from].MustNexus(t, "exec", name, "--", "sh", "-c", fmt.Sprintf(`netstat -ltn | grep -q ':%d ' || { mkdir -p /tmp/www && echo "$1" > /tmp/www/index.html && busybox httpd -p 127.0.0.1:%d -h /tmp/www; }
 i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.1; done`, port, port, port), "sh", strings.TrimSuffix(page, "\n"))
 	var row portfwdapi.Forward
@@ -206,24 +206,10 @@ i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 
 	if row.Host != host || row.HostAddr != fmt.Sprintf("127.0.0.1:%d", port) {
 		t.Fatalf("nexus ports on %s lists %s:%d as %+v, want on host %s at 127.0.0.1:%d", by, name, port, row, host, port)
 	}
-	get := func() (string, error) {
-		conn, err := net.DialTimeout("tcp", row.HostAddr, 5*time.Second)
-		if err != nil {
-			return "", err
-		}
-		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := conn.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
-			return "", err
-		}
-		b, err := io.ReadAll(io.LimitReader(conn, 64<<10))
-		return string(b), err
+	if err := c.serves(i, name); err != nil {
+		t.Fatal(err)
 	}
-	var got string
-	if err := c.lan.InHost(i, func() (err error) { got, err = get(); return err }); err != nil || !strings.HasSuffix(got, "\r\n\r\n"+page) {
-		t.Fatalf("127.0.0.1:%d on %s: %v %q, want the guest's page", port, host, err, got)
-	}
-	if err := c.lan.InHost(from, func() (err error) { got, err = get(); return err }); err == nil {
+	if got, err := c.fetch(from); err == nil {
 		t.Fatalf("127.0.0.1:%d answers on %s (%q), the forward of %s belongs on %s", port, by, got, name, host)
 	}
 	tw := c.hosts[from].MustNexus(t, "ports", name)
@@ -235,4 +221,37 @@ i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 
 	if !listed {
 		t.Fatalf("nexus ports %s does not list port %d on host %s:\n%s", name, port, host, tw)
 	}
+}
+
+// webPort is the guest port forwardedOn serves webPage on.
+const webPort = 8371
+
+func webPage(name string) string { return "served by " + name + "\n" }
+
+// fetch GETs / from 127.0.0.1:webPort inside host i's namespace.
+func (c *cluster) fetch(i int) (page string, err error) {
+	err = c.lan.InHost(i, func() error {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", webPort), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
+			return err
+		}
+		b, err := io.ReadAll(io.LimitReader(conn, 64<<10))
+		page = string(b)
+		return err
+	})
+	return page, err
+}
+
+// serves says whether 127.0.0.1:webPort on host i answers with name's page.
+func (c *cluster) serves(i int, name string) error {
+	got, err := c.fetch(i)
+	if err != nil || !strings.HasSuffix(got, "\r\n\r\n"+webPage(name)) {
+		return fmt.Errorf("127.0.0.1:%d on h%d: %v %q, want the page of %s's guest", webPort, i+1, err, got, name)
+	}
+	return nil
 }
