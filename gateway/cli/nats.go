@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -64,8 +65,22 @@ func natsCommand() *cobra.Command {
 			natscli.SkipContexts = true // a nats context of the user's must not redirect it
 			// A cluster node's bus speaks TLS only, on loopback too: trust its cluster's CA
 			// (its client port asks for no client certificate).
-			if _, err := natscli.ConfigureInApp(app, &options.Options{Servers: url, Username: creds.User, Password: creds.Password,
-				TlsCA: bus.CAFile(g.Home), Timeout: 5 * time.Second, ConnectionName: "nexus nats"}, true); err != nil {
+			opts := &options.Options{Servers: url, Username: creds.User, Password: creds.Password,
+				TlsCA: bus.CAFile(g.Home), Timeout: 5 * time.Second, ConnectionName: "nexus nats"}
+			if !natsHelp(args) {
+				// Our own connection (nexus's credentials, CA and inbox): the NATS CLI's own one
+				// exits with status 1 a second after it is closed, which a loaded machine turns
+				// into a failed command that had succeeded.
+				ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+				nc, err := bus.Connect(ctx, bus.ConnectConfig{Home: g.Home, User: bus.UserAdmin, URL: url, Name: "nexus nats"})
+				cancel()
+				if err != nil {
+					return err
+				}
+				defer nc.Close()
+				opts.Conn = nc
+			}
+			if _, err := natscli.ConfigureInApp(app, opts, true); err != nil {
 				return err
 			}
 			return runNats(app, args)
