@@ -186,7 +186,7 @@ func psCommand() *cobra.Command {
 				}
 				return printRawJSON(cmd.OutOrStdout(), raw)
 			}
-			list, err := c.List(cmd.Context(), req)
+			list, err := api.ListInto(cmd.Context(), c, req, func(r *psRow) string { return r.Name })
 			if err != nil {
 				return err
 			}
@@ -198,7 +198,7 @@ func psCommand() *cobra.Command {
 					mem = fmt.Sprintf("%dMiB/%dMiB", s.RSSBytes>>20, s.MemoryMiB)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.Image, s.Agent, egressColumn(s.Egress)+auditLimitedMark(s.AuditLimited),
-					mem, dash(api.FormatLabels(s.Labels)), ageColumn(s.Sandbox), s.Host)
+					mem, dash(api.FormatLabels(s.Labels)), ageColumn(api.Sandbox{CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, IdleTimeout: s.IdleTimeout}), s.Host)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -215,6 +215,25 @@ func psCommand() *cobra.Command {
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and failed sandboxes")
 	cmd.Flags().StringArrayVarP(&sel, "selector", "l", nil, "label selector k=v, k!=v or k (in a value, \\ escapes , and \\)")
 	return cmd
+}
+
+// psRow is what the ps table shows of a sandbox (api.SandboxView's fields of the same names):
+// the rest of 10,000 records is not decoded for it.
+type psRow struct {
+	Name         string            `json:"name"`
+	State        api.State         `json:"state"`
+	Image        string            `json:"image"`
+	Agent        string            `json:"agent"`
+	Egress       api.Egress        `json:"egress"`
+	MemoryMiB    int               `json:"memory_mib"`
+	RSSBytes     int64             `json:"rss_bytes"`
+	Labels       map[string]string `json:"labels"`
+	CreatedAt    time.Time         `json:"created_at"`
+	ExpiresAt    time.Time         `json:"expires_at"`
+	IdleTimeout  string            `json:"idle_timeout"`
+	Host         string            `json:"host"`
+	AuditLimited *api.AuditLimit   `json:"audit_limited"`
+	Containment  string            `json:"containment"`
 }
 
 // auditLimitedMark flags, in the EGRESS column, a sandbox that keeps hitting its audit limit.

@@ -113,3 +113,13 @@ func (e Endpoint[Req, Resp]) CallJSON(ctx context.Context, nc *nats.Conn, host s
 	}
 	return Request[json.RawMessage](ctx, nc, e.Subject(host), req)
 }
+
+// CallInto is Call decoding the reply into out, a pointer to a value of Resp's JSON shape that
+// reads only what the caller needs (the ps table's columns of 10,000 sandboxes, not their
+// whole records). A slice out is appended to from its start, in the room it already has.
+func (e Endpoint[Req, Resp]) CallInto(ctx context.Context, nc *nats.Conn, host string, req Req, out any) error {
+	if e.Scope.PerHost && host == "" {
+		return errdefs.Invalid("%s: no host given for a per-host endpoint", e.Subject("<host>"))
+	}
+	return requestInto(ctx, nc, e.Subject(host), req, e.Read, out)
+}

@@ -37,6 +37,12 @@ func RequestAgain[Resp any](ctx context.Context, nc *nats.Conn, subject string, 
 
 func request[Resp any](ctx context.Context, nc *nats.Conn, subject string, req any, again bool) (Resp, error) {
 	var out Resp
+	err := requestInto(ctx, nc, subject, req, again, &out)
+	return out, err
+}
+
+// requestInto is request decoding the reply into out, a pointer.
+func requestInto(ctx context.Context, nc *nats.Conn, subject string, req any, again bool, out any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
@@ -44,7 +50,7 @@ func request[Resp any](ctx context.Context, nc *nats.Conn, subject string, req a
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
-		return out, fmt.Errorf("%s: encode request: %w", subject, err)
+		return fmt.Errorf("%s: encode request: %w", subject, err)
 	}
 	for {
 		reply, err := requestOnce(ctx, nc, subject, body, again)
@@ -53,12 +59,9 @@ func request[Resp any](ctx context.Context, nc *nats.Conn, subject string, req a
 			continue // a read: asked again of the service that serves it now
 		}
 		if err != nil {
-			return out, requestError(subject, err)
+			return requestError(subject, err)
 		}
-		if err := Decode(reply.Data, &out); err != nil {
-			return out, err
-		}
-		return out, nil
+		return Decode(reply.Data, out)
 	}
 }
 

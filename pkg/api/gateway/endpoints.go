@@ -106,6 +106,29 @@ func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error)
 	}
 }
 
+// ListInto is List decoding each sandbox into a T: a type of SandboxView's JSON shape with only
+// the fields its caller reads (the ps table). name is a T's sandbox name, where the next page
+// starts.
+func ListInto[T any](ctx context.Context, c *Client, r ListRequest, name func(*T) string) ([]T, error) {
+	r.Limit = ListPage
+	var out []T
+	for {
+		page := make([]T, 0, r.Limit) // decoded in place, not grown 12 times per page
+		if err := List.CallInto(ctx, c.nc, "", r, &page); err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = page
+		} else {
+			out = append(out, page...)
+		}
+		if len(page) < r.Limit {
+			return out, nil
+		}
+		r.After = name(&page[len(page)-1])
+	}
+}
+
 // ListJSON is List as the gateway encodes it, for a caller that prints it (ps --json): one JSON
 // array of every sandbox r selects, by name, joined from the pages' arrays without decoding
 // them. r.Limit, when set below ListPage, is the size of a page.
