@@ -76,6 +76,11 @@ func (c *cluster) remoteVerbs(t *testing.T, from int, name string, i int) {
 		return nil
 	})
 
+	// logs --agent: the guest agent's own log, read from the agent on its host.
+	if out := cli("logs", "--agent", name); !strings.Contains(out, "serving") {
+		t.Fatalf("logs --agent %s (host %s) from %s lack the agent's serving line:\n%.1500s", name, host, by, out)
+	}
+
 	c.attach(t, from, name, host)
 	c.forwardedOn(t, from, name, i)
 
@@ -192,16 +197,22 @@ i=0; until netstat -ltn | grep -q ':%d '; do i=$((i+1)); [ $i -gt 300 ] && exit 
 		if err := json.Unmarshal([]byte(c.hosts[from].MustNexus(t, "ports", "--json")), &list); err != nil {
 			return err
 		}
+		var rows []portfwdapi.Forward
 		for _, f := range list {
 			if f.Sandbox == name && f.Port == port {
-				row = f
-				if f.State != portfwdapi.StateForwarding {
-					return fmt.Errorf("port %d of %s is %s", port, name, f.State)
-				}
-				return nil
+				rows = append(rows, f)
 			}
 		}
-		return fmt.Errorf("port %d of %s not in nexus ports on %s: %+v", port, name, by, list)
+		switch {
+		case len(rows) == 0:
+			return fmt.Errorf("port %d of %s not in nexus ports on %s: %+v", port, name, by, list)
+		case len(rows) > 1:
+			t.Fatalf("nexus ports on %s lists port %d of %s %d times (one a host): %+v", by, port, name, len(rows), rows)
+		case rows[0].State != portfwdapi.StateForwarding:
+			return fmt.Errorf("port %d of %s is %s", port, name, rows[0].State)
+		}
+		row = rows[0]
+		return nil
 	})
 	if row.Host != host || row.HostAddr != fmt.Sprintf("127.0.0.1:%d", port) {
 		t.Fatalf("nexus ports on %s lists %s:%d as %+v, want on host %s at 127.0.0.1:%d", by, name, port, row, host, port)
