@@ -7,10 +7,12 @@
 package upgrade_test
 
 import (
+	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -272,6 +274,27 @@ func TestUpgradeAdoptsRunningSandboxes(t *testing.T) {
 		t.Fatal("the audit stream holds the token or its placeholder")
 	}
 
+	// A server started in the adopted guest is forwarded to the host: its agent predates pushed
+	// listeners, so this build's vmm asks it for them.
+	port := freeForwardPort(t)
+	st.MustNexus(t, "exec", box, "--", "sh", "-c", fmt.Sprintf(`setsid perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:%d", Listen => 5, ReuseAddr => 1) or die $!; while ($c = $s->accept) { print $c "from-the-old-agent\n"; close $c }' </dev/null >/dev/null 2>&1 &`, port))
+	err = testutil.Poll(60*time.Second, func() error {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if line != "from-the-old-agent\n" {
+			return fmt.Errorf("host port %d: read %q %v", port, line, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the adopted guest's listener was not forwarded: %v", err)
+	}
+
 	// This build boots a sandbox of its own in the old home, and removes the adopted one.
 	const fresh = "upgrade/fresh"
 	st.MustNexus(t, "create", fresh, "--image", "nexus-mini", "--memory", "256", "-l", "nexus-test=1")
@@ -287,6 +310,19 @@ func TestUpgradeAdoptsRunningSandboxes(t *testing.T) {
 			t.Fatal("a stack log holds the token or its placeholder")
 		}
 	}
+}
+
+// freeForwardPort is a port in the forwarded range nothing on the host listens on.
+func freeForwardPort(t *testing.T) int {
+	t.Helper()
+	for p := 7300; p < 7400; p++ {
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port in 7300-7399")
+	return 0
 }
 
 // sandbox is the registry's record of name, as `nexus ps -a --json` shows it.
