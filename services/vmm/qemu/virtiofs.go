@@ -44,20 +44,23 @@ import (
 // caches entries and attributes for virtiofsTimeout, so a host edit shows in the guest within
 // that time; a guest write goes through to virtiofsd before the write returns (no writeback).
 //
-// What that costs (BenchmarkMountedGitStatus, 3,000 files, TCG on a shared 2-core host at load
-// 9-17, December 2026): a `git status` after a pause is one FUSE LOOKUP per tracked file (~3,100;
+// What that costs (BenchmarkMountedGitStatus, 3,000 files, TCG on a shared 2-core host,
+// December 2026): a `git status` after a pause is one FUSE LOOKUP per tracked file (~3,100;
 // plus ~100 for the untracked scan's readdirs), since git lstats every file and the cached
 // entries have expired: 2.2 s of a 2.7 s run is git's preload-index phase (ext4: 0.06 of 0.33 s).
 // The LOOKUPs cost the VM ~0.2 ms of CPU each, nearly all in the vCPU thread (the guest's FUSE
 // and virtio path, emulated); QEMU's main loop and virtiofsd take ~0.03 ms each. The mounted run
-// is 2.8x the guest's ext4 there (median of per-round ratios). Measured and not taken, in one run
-// each: a longer timeout (0.9 s would still show a host edit within 1 s), because one git status
-// outlasts it and the next finds the entries expired all the same (the run right after: 2.9x);
-// --thread-pool-size=0 (1160 vs 1340 ms, ratio 2.81 vs 2.84: noise); 2 vCPUs (3.0-3.6x);
-// -o writeback (a guest write must be on the host when the command returns, and git status
-// writes nothing). git's core.untrackedCache would save only the readdir phase, and its cache in
-// the index names the worktree's path, so git on the host and in the guest over one worktree
-// would each find the other's and warn "untracked cache is disabled on this system or location".
+// is 2.3x the guest's ext4 at load 3-6 and 2.7-2.8x at load 9-17 (median of per-round ratios).
+// Measured and not taken, one run each: a longer timeout (0.9 s would still show a host edit
+// within 1 s), because one git status outlasts it and the next finds the entries expired all
+// the same (2.9-3.4x with 0.9); --thread-pool-size=0 (ratio 2.81 vs 2.84: noise);
+// -o no_readdirplus (git status the same, `ls -lR` 3.4x slower); 2 vCPUs (3.0-3.6x); priming
+// the entries with a readdir walk (find, or a core.fsmonitor hook running one) before git's
+// lstats (slower: the walk costs more than it saves); -o writeback (a guest write must be on the
+// host when the command returns, and git status writes nothing). git's core.untrackedCache would
+// save only the readdir phase, and its cache in the index names the worktree's path, so git on
+// the host and in the guest over one worktree would each find the other's and warn "untracked
+// cache is disabled on this system or location".
 
 // virtiofsCache and virtiofsTimeout are virtiofsd's cache options (see above).
 const (
