@@ -50,7 +50,7 @@ func (g *Service) exec(ctx context.Context, r api.ExecRequest) (api.Started, err
 		ID: sb.ID, SID: r.SID, Argv: r.Argv, Env: r.Env, Dir: r.Dir, TTY: r.TTY, Rows: r.Rows, Cols: r.Cols,
 		Stdin: r.Stdin, Timeout: r.Timeout, User: r.User,
 	}); err != nil {
-		return api.Started{}, err
+		return api.Started{}, g.onLostHost(ctx, sb.Host, "exec in "+sb.Name, err)
 	}
 	return api.Started{Host: sb.Host}, nil
 }
@@ -61,7 +61,7 @@ func (g *Service) copy(ctx context.Context, r api.CopyRequest) (api.Started, err
 		return api.Started{}, err
 	}
 	if err := g.vmm(sb.Host).Copy(ctx, vmmapi.CopyRequest{ID: sb.ID, SID: r.SID, ToGuest: r.ToGuest, Path: r.Path, Mode: r.Mode, Size: r.Size}); err != nil {
-		return api.Started{}, err
+		return api.Started{}, g.onLostHost(ctx, sb.Host, "cp with "+sb.Name, err)
 	}
 	return api.Started{Host: sb.Host}, nil
 }
@@ -76,7 +76,7 @@ func (g *Service) logs(ctx context.Context, r api.LogsRequest) (api.LogsResponse
 		return api.LogsResponse{}, err
 	}
 	resp, err := g.vmm(sb.Host).Logs(ctx, vmmapi.LogsRequest{ID: sb.ID, Offset: r.Offset, Max: r.Max, Agent: r.Agent})
-	return api.LogsResponse{Data: resp.Data, NextOffset: resp.NextOffset}, err
+	return api.LogsResponse{Data: resp.Data, NextOffset: resp.NextOffset}, g.onLostHost(ctx, sb.Host, "logs of "+sb.Name, err)
 }
 
 // ranIn is how a command the gateway ran in a sandbox ended, with the first outputLimit bytes

@@ -58,6 +58,21 @@ func (g *Service) isHostLost(ctx context.Context, host string) bool {
 	return false
 }
 
+// onLostHost turns the failure of a call to host's services into "host X lost" when host's
+// heartbeat has expired: "the vmm service is not running" names nothing a user knows is gone.
+func (g *Service) onLostHost(ctx context.Context, host, what string, err error) error {
+	if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
+		return err
+	}
+	// The call may have used up the caller's deadline: the heartbeats get a moment of their own.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if !g.isHostLost(hctx, host) {
+		return err
+	}
+	return errdefs.Unavailable("%s: %s (no heartbeat): it answers again when the host is back (`nexus hosts` shows it)", what, hostLost(host))
+}
+
 // watchHosts runs checkHosts every HostCheckEvery until ctx ends.
 func (g *Service) watchHosts(ctx context.Context) {
 	every(ctx, HostCheckEvery, func(ctx context.Context) { g.checkHosts(ctx, g.hostStates(ctx)) })

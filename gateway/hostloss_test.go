@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	api "github.com/IniZio/nexus/pkg/api/gateway"
+	vmmapi "github.com/IniZio/nexus/pkg/api/vmm"
 	"github.com/IniZio/nexus/pkg/bus"
+	"github.com/IniZio/nexus/pkg/errdefs"
 )
 
 // TestHostLoss: the running and paused sandboxes of a host whose heartbeat expired are failed
@@ -84,4 +88,43 @@ func (tg *testGateway) hostBeats(t *testing.T) (beat func(host string, at time.T
 		}
 	}
 	return beat, func() { tg.checkHosts(tg.ctx, tg.hostStates(tg.ctx)) }
+}
+
+// TestLostHostNamedInErrors: logs, ports, exec and cp of a sandbox whose host's heartbeat has
+// expired fail saying the host is lost, not that its vmm "did not answer" or "is not running".
+func TestLostHostNamedInErrors(t *testing.T) {
+	tg := newTestGateway(t)
+	beat, _ := tg.hostBeats(t)
+	sb := tg.add(t, &api.Sandbox{Name: "default/far", Host: "b"}, api.StateRunning)
+	tg.fake.silence(vmmapi.Logs.Subject("b"), vmmapi.Exec.Subject("b"), vmmapi.Copy.Subject("b"))
+	beat(bus.LocalHost, time.Now())
+	beat("b", time.Now())
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(tg.ctx, time.Second)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	_, err := tg.logs(short(), api.LogsRequest{Name: sb.Name})
+	if err == nil || strings.Contains(err.Error(), "host b lost") {
+		t.Fatalf("logs while b heartbeats but its vmm is silent: %v; want the vmm's own error", err)
+	}
+	beat("b", time.Now().Add(-bus.HostTTL-time.Second))
+	calls := map[string]func() error{
+		"logs":  func() error { _, err := tg.logs(short(), api.LogsRequest{Name: sb.Name}); return err },
+		"ports": func() error { _, err := tg.ports(short(), api.PortsRequest{Name: sb.Name}); return err },
+		"exec": func() error {
+			_, err := tg.exec(short(), api.ExecRequest{Name: sb.Name, SID: "s1", Argv: []string{"true"}})
+			return err
+		},
+		"cp": func() error {
+			_, err := tg.copy(short(), api.CopyRequest{Name: sb.Name, SID: "s2", Path: "/x"})
+			return err
+		},
+	}
+	for verb, call := range calls {
+		err := call()
+		if err == nil || !strings.Contains(err.Error(), "host b lost") || !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Errorf("%s of a sandbox on lost host b: %v; want unavailable, naming host b lost", verb, err)
+		}
+	}
 }

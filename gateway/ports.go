@@ -22,7 +22,8 @@ func (g *Service) ports(ctx context.Context, r api.PortsRequest) ([]portfwdapi.F
 		if err != nil {
 			return nil, err
 		}
-		return portfwdapi.NewClient(g.cfg.Bus, sb.Host).List(ctx, portfwdapi.ListRequest{ID: sb.ID})
+		list, err := portfwdapi.NewClient(g.cfg.Bus, sb.Host).List(ctx, portfwdapi.ListRequest{ID: sb.ID})
+		return list, g.onLostHost(ctx, sb.Host, "ports of "+sb.Name, err)
 	}
 	all, err := g.reg.List(ctx, nil)
 	if err != nil {

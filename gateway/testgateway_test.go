@@ -39,7 +39,7 @@ func newTestGateway(t *testing.T) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop()}
+	g := &Service{cfg: Config{Bus: nc, Home: b.Home, Host: bus.LocalHost}, reg: reg, log: zerolog.Nop(), idle: &idleWatch{last: map[string]idleSample{}}}
 	return &testGateway{Service: g, bus: b, ctx: ctx, fake: fake}
 }
 
