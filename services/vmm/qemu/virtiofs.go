@@ -52,15 +52,16 @@ import (
 // and virtio path, emulated); QEMU's main loop and virtiofsd take ~0.03 ms each. The mounted run
 // is 2.3x the guest's ext4 at load 3-6 and 2.7-2.8x at load 9-17 (median of per-round ratios).
 // Measured and not taken, one run each: a longer timeout (0.9 s would still show a host edit
-// within 1 s), because one git status outlasts it and the next finds the entries expired all
-// the same (2.9-3.4x with 0.9); --thread-pool-size=0 (ratio 2.81 vs 2.84: noise);
-// -o no_readdirplus (git status the same, `ls -lR` 3.4x slower); 2 vCPUs (3.0-3.6x); priming
-// the entries with a readdir walk (find, or a core.fsmonitor hook running one) before git's
-// lstats (slower: the walk costs more than it saves); -o writeback (a guest write must be on the
-// host when the command returns, and git status writes nothing). git's core.untrackedCache would
-// save only the readdir phase, and its cache in the index names the worktree's path, so git on
-// the host and in the guest over one worktree would each find the other's and warn "untracked
-// cache is disabled on this system or location".
+// within 1 s), because one git status outlasts it and the next finds the entries expired all the
+// same (2.9-3.4x with 0.9); --thread-pool-size=0 (ratio 2.81 vs 2.84: noise); -o no_readdirplus
+// (git status the same, `ls -lR` 3.4x slower); cache=always with the same timeout (directories and
+// file data kept: 3.51 vs 3.13, nothing gained); 2 vCPUs (3.0-3.6x); priming the entries with a
+// readdir walk (find, or a core.fsmonitor hook running one) before git's lstats (slower: the walk
+// costs more than it saves); -o writeback (a guest write must be on the host when the command
+// returns, and git status writes nothing). git's core.untrackedCache would save only the readdir
+// phase, and its cache in the index names the worktree's path, so git on the host and in the guest
+// over one worktree would each find the other's and warn "untracked cache is disabled on this
+// system or location".
 
 // virtiofsCache and virtiofsTimeout are virtiofsd's cache options (see above).
 const (
