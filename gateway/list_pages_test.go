@@ -208,3 +208,76 @@ func TestPSFollowsChanges(t *testing.T) {
 	})
 	check("ps -l team=x after the other gateway's writes", ps(api.ListRequest{Selector: []string{"team=x"}}), "p/e:created")
 }
+
+// TestPSListsLargeRecords: 3000 records of 4 KiB (a project config's allowlist) are 12 MiB, more
+// than one bus message: ps pages them by bytes as well and lists every one, in order.
+func TestPSListsLargeRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3000 large records")
+	}
+	const n = 3000
+	tg := newTestGateway(t)
+	kv, err := bus.KV(tg.ctx, tg.bus.Connect(t, bus.UserGateway), bus.KVSandboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := make([]string, 160)
+	for i := range allow {
+		allow[i] = fmt.Sprintf("host-%03d.registry.example.com", i)
+	}
+	var g errgroup.Group
+	g.SetLimit(32)
+	for i := range n {
+		g.Go(func() error {
+			sb := api.Sandbox{ID: fmt.Sprintf("sb-%05d", i), Name: fmt.Sprintf("big/sb-%05d", i), Image: "nexus-mini", Host: bus.LocalHost,
+				State: api.StateCreated, Egress: api.Egress{Mode: api.EgressCurated, Allow: allow}}
+			b, err := json.Marshal(sb)
+			if err != nil {
+				return err
+			}
+			_, err = kv.Put(tg.ctx, sb.Name, b)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := bus.NewService(tg.cfg.Bus, bus.ServiceInfo{Name: "gateway", Version: "0.0.1", Host: bus.LocalHost}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := api.List.Serve(svc, tg.list); err != nil {
+		t.Fatal(err)
+	}
+	nc := tg.bus.Connect(t, bus.UserCLI)
+	cli := api.NewClient(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	raw, err := api.List.CallJSON(ctx, nc, "", api.ListRequest{All: true, Limit: api.ListPage, MaxBytes: api.ListPageBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) > api.ListPageBytes {
+		t.Errorf("a page is %d bytes, more than %d", len(raw), api.ListPageBytes)
+	}
+	list, err := cli.List(ctx, api.ListRequest{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != n {
+		t.Fatalf("ps -a listed %d of %d sandboxes", len(list), n)
+	}
+	for i, sb := range list {
+		if want := fmt.Sprintf("big/sb-%05d", i); sb.Name != want || len(sb.Egress.Allow) != len(allow) {
+			t.Fatalf("ps -a: sandbox %d is %s with %d hosts, want %s with %d", i, sb.Name, len(sb.Egress.Allow), want, len(allow))
+		}
+	}
+	asJSON, err := cli.ListJSON(ctx, api.ListRequest{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decoded []api.SandboxView
+	if err := json.Unmarshal(asJSON, &decoded); err != nil || len(decoded) != n {
+		t.Fatalf("ps -a --json: %d sandboxes (%v)", len(decoded), err)
+	}
+}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -522,6 +523,9 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) (api.SandboxPage,
 	if err != nil {
 		return nil, err
 	}
+	if r.MaxBytes > 0 {
+		page = cutToBytes(page, min(r.MaxBytes, api.ListPageBytes))
+	}
 	sandboxes := make([]*api.Sandbox, len(page))
 	for i, l := range page {
 		sandboxes[i] = l.sb
@@ -541,6 +545,26 @@ func (g *Service) list(ctx context.Context, r api.ListRequest) (api.SandboxPage,
 		out[i].AuditLimited = limited[out[i].ID]
 	}
 	return out, nil
+}
+
+// viewExtra bounds what a view adds to its record's JSON (rss_bytes, audit_limited, containment).
+const viewExtra = 512
+
+// cutToBytes is the start of page whose JSON stays within max bytes, at least one record.
+func cutToBytes(page []listed, max int) []listed {
+	size := 2 // [ ]
+	for i, l := range page {
+		n := len(l.enc)
+		if n == 0 { // read from the bucket, not the cache: measured now
+			b, _ := json.Marshal(l.sb)
+			n = len(b)
+		}
+		size += n + viewExtra + 1
+		if size > max && i > 0 {
+			return page[:i]
+		}
+	}
+	return page
 }
 
 // apply runs one verb on each named (or selected) sandbox and reports each outcome.

@@ -76,11 +76,21 @@ type ListRequest struct {
 	All      bool     `json:"all,omitempty"`
 	After    string   `json:"after,omitempty"`
 	Limit    int      `json:"limit,omitempty"`
+	// MaxBytes, when set, also ends a page before its JSON would pass MaxBytes (a page has at
+	// least one sandbox, and never passes ListPageBytes): records carrying a project config are
+	// large, and 2500 of them would not fit one bus message. A page may then hold fewer than
+	// Limit with more to come: a caller that sets MaxBytes reads on until an empty page (a
+	// gateway from before it ignores it, and its last page is short, then one empty).
+	MaxBytes int `json:"max_bytes,omitempty"`
 }
 
 // ListPage is the most sandboxes one List reply holds, so that a reply stays far below the
 // bus's largest message however many sandboxes there are.
 const ListPage = 2500
+
+// ListPageBytes is the most a List page of a caller that sets MaxBytes holds: half the bus's
+// largest message (8 MiB).
+const ListPageBytes = 4 << 20
 
 // NamesRequest names sandboxes by name or by selector (not both).
 type NamesRequest struct {

@@ -85,45 +85,53 @@ func (c *Client) Get(ctx context.Context, name string) (*Sandbox, error) {
 	return Get.Call(ctx, c.nc, "", NameRequest{Name: name})
 }
 
-// List is every sandbox r selects, sorted by name, read page by page (ListPage each).
+// List is every sandbox r selects, sorted by name, read page by page (ListPage or
+// ListPageBytes each, until an empty page).
 func (c *Client) List(ctx context.Context, r ListRequest) ([]SandboxView, error) {
-	r.Limit = ListPage
+	r.Limit, r.MaxBytes = ListPage, ListPageBytes
 	var out []SandboxView
 	for {
 		page, err := List.Call(ctx, c.nc, "", r)
 		if err != nil {
 			return nil, err
 		}
-		if out == nil {
-			out = page
-		} else {
-			out = append(out, page...)
-		}
-		if len(page) < r.Limit {
+		if len(page) == 0 || !after(page[len(page)-1].Name, r.After) {
+			if out == nil {
+				out = []SandboxView{} // none: an empty list, not null
+			}
 			return out, nil
 		}
+		out = append(out, page...)
 		r.After = page[len(page)-1].Name
 	}
 }
+
+// after says a page that ends at last came after the one that ended at prev: a gateway pages by
+// name, and one that sends the same page again (it ignores After) ends the listing instead of
+// repeating it forever.
+func after(last, prev string) bool { return prev == "" || last > prev }
 
 // ListInto is List decoding each sandbox into a T: a type of SandboxView's JSON shape with only
 // the fields its caller reads (the ps table). name is a T's sandbox name, where the next page
 // starts.
 func ListInto[T any](ctx context.Context, c *Client, r ListRequest, name func(*T) string) ([]T, error) {
-	r.Limit = ListPage
+	r.Limit, r.MaxBytes = ListPage, ListPageBytes
 	var out []T
 	for {
 		page := make([]T, 0, r.Limit) // decoded in place, not grown 12 times per page
 		if err := List.CallInto(ctx, c.nc, "", r, &page); err != nil {
 			return nil, err
 		}
+		if len(page) == 0 || !after(name(&page[len(page)-1]), r.After) {
+			if out == nil {
+				out = []T{}
+			}
+			return out, nil
+		}
 		if out == nil {
 			out = page
 		} else {
 			out = append(out, page...)
-		}
-		if len(page) < r.Limit {
-			return out, nil
 		}
 		r.After = name(&page[len(page)-1])
 	}
@@ -131,10 +139,13 @@ func ListInto[T any](ctx context.Context, c *Client, r ListRequest, name func(*T
 
 // ListJSON is List as the gateway encodes it, for a caller that prints it (ps --json): one JSON
 // array of every sandbox r selects, by name, joined from the pages' arrays without decoding
-// them. r.Limit, when set below ListPage, is the size of a page.
+// them. r.Limit and r.MaxBytes, when set below ListPage and ListPageBytes, bound a page.
 func (c *Client) ListJSON(ctx context.Context, r ListRequest) ([]byte, error) {
 	if r.Limit <= 0 || r.Limit > ListPage {
 		r.Limit = ListPage
+	}
+	if r.MaxBytes <= 0 || r.MaxBytes > ListPageBytes {
+		r.MaxBytes = ListPageBytes
 	}
 	out := []byte{'['}
 	for {
@@ -146,13 +157,7 @@ func (c *Client) ListJSON(ctx context.Context, r ListRequest) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", List.Subject(""), err)
 		}
-		for _, e := range elems {
-			if len(out) > 1 {
-				out = append(out, ',')
-			}
-			out = append(out, e...)
-		}
-		if len(elems) < r.Limit {
+		if len(elems) == 0 {
 			return append(out, ']'), nil
 		}
 		var last struct {
@@ -160,6 +165,15 @@ func (c *Client) ListJSON(ctx context.Context, r ListRequest) ([]byte, error) {
 		}
 		if err := json.Unmarshal(elems[len(elems)-1], &last); err != nil || last.Name == "" {
 			return nil, fmt.Errorf("%s: a sandbox without a name in the reply", List.Subject(""))
+		}
+		if !after(last.Name, r.After) {
+			return append(out, ']'), nil
+		}
+		for _, e := range elems {
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = append(out, e...)
 		}
 		r.After = last.Name
 	}
