@@ -126,9 +126,14 @@ func TestNoisyNeighbours(t *testing.T) {
 		// The guest's commands run in a cgroup of their own, so the bomb leaves its agent
 		// answering; before, it took the agent down within seconds and the sandbox failed as
 		// "hung or panicked".
+		// Its commands' cgroup is full, so a new exec starts in the rescue cgroup beside it
+		// (the bomb may not take its last tasks) and runs.
 		out, errOut, code := stack.Nexus(t, "exec", "noisy/loud", "--", "echo", "alive")
 		if code != 0 || out != "alive\n" || state(t, "noisy/loud") != "running" {
 			t.Errorf("the fork-bombing sandbox does not answer: exit %d %q %q; %s %s", code, out, errOut, state(t, "noisy/loud"), reason(t, "noisy/loud"))
+		}
+		if out, errOut, code := stack.Nexus(t, "exec", "noisy/loud", "--", "cat", "/proc/self/cgroup"); code != 0 || !strings.Contains(out, "/nexus-exec/rescue") {
+			t.Errorf("an exec during the fork bomb: exit %d, cgroup %q %q; want it in /nexus-exec/rescue", code, out, errOut)
 		}
 		// The guest's processes are not the host's: QEMU's stay few and inside its pids limit.
 		cur, _ := strconv.Atoi(readTrim(t, filepath.Join(pids, "pids.current")))

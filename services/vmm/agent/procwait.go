@@ -6,7 +6,19 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 )
+
+// ExecCgroups are the cgroups the guest's commands start in (ExecCgroup, Linux only).
+type ExecCgroups struct {
+	cmds, rescue    *os.File
+	current, events string // cmds' pids.current and pids.events
+	max             int    // cmds' pids.max
+
+	mu        sync.Mutex
+	refused   int       // cmds' forks refused at its limit, as last read
+	refusedAt time.Time // when that count last grew
+}
 
 // startProcess starts cmd and returns a function that waits for its exit status. When the agent
 // is PID 1 the Reaper does all wait(2) calls (orphans included) and hands our children's status
@@ -16,7 +28,7 @@ func (s *Server) startProcess(cmd *exec.Cmd) (func() syscall.WaitStatus, error) 
 		if cmd.SysProcAttr == nil {
 			cmd.SysProcAttr = &syscall.SysProcAttr{}
 		}
-		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(s.cfg.ExecCgroup.Fd())
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, s.cfg.ExecCgroup.fd()
 	}
 	if s.cfg.Reaper != nil {
 		return s.cfg.Reaper.start(cmd)

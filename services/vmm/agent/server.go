@@ -62,8 +62,8 @@ type Config struct {
 	// Reaper, when set, owns wait(2) for the whole process (the agent is PID 1); exec registers
 	// its children with it instead of waiting for them itself.
 	Reaper *Reaper
-	// ExecCgroup, when set, is the cgroup directory exec'd processes start in (ExecCgroup).
-	ExecCgroup *os.File
+	// ExecCgroup, when set, are the cgroups exec'd processes start in (ExecCgroup).
+	ExecCgroup *ExecCgroups
 	// ListenerWatch paces watch-listeners (DefaultListenerWatch when zero).
 	ListenerWatch ListenerWatch
 
