@@ -131,15 +131,32 @@ func foldKey(ev Event) string {
 }
 
 func (sl *sandboxLimit) take(l Limits, now time.Time) bool {
-	if el := now.Sub(sl.refilled); el > 0 {
-		sl.tokens = min(float64(l.Burst), sl.tokens+el.Seconds()*l.Rate)
-		sl.refilled = now
-	}
+	sl.refill(l, now)
 	if sl.tokens < 1 {
 		return false
 	}
 	sl.tokens--
 	return true
+}
+
+// takeFolded is take for a folded event, which stands for many: it may borrow the token that
+// is refilling (never more than one), so that a flood of distinct events, which takes every
+// token the moment it is whole, cannot turn every fold into a summary. What is written stays
+// within the burst, the rate and one token more.
+func (sl *sandboxLimit) takeFolded(l Limits, now time.Time) bool {
+	sl.refill(l, now)
+	if sl.tokens < 0 {
+		return false
+	}
+	sl.tokens--
+	return true
+}
+
+func (sl *sandboxLimit) refill(l Limits, now time.Time) {
+	if el := now.Sub(sl.refilled); el > 0 {
+		sl.tokens = min(float64(l.Burst), sl.tokens+el.Seconds()*l.Rate)
+		sl.refilled = now
+	}
 }
 
 func (sl *sandboxLimit) suppress(ev Event, n int64) {
@@ -218,7 +235,7 @@ func (lm *limiter) tick(now time.Time, final bool) {
 			ev := e.ev
 			first, last := e.first, e.last
 			ev.Time, ev.Count, ev.First, ev.Last = last, e.n, &first, &last
-			if sl.take(lm.l, now) {
+			if sl.takeFolded(lm.l, now) {
 				out = append(out, ev)
 			} else {
 				sl.suppress(ev, e.n)
