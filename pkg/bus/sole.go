@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -130,37 +129,4 @@ func olderThan(a, b micro.Info) bool {
 		}
 	}
 	return a.ID < b.ID
-}
-
-// instances collects the $SRV.INFO answers of the micro service name until quiet passes
-// without a new one, or ctx ends.
-func instances(ctx context.Context, nc *nats.Conn, name string, quiet time.Duration) []micro.Info {
-	inbox := nc.NewRespInbox()
-	ch := make(chan *nats.Msg, 16)
-	sub, err := nc.ChanSubscribe(inbox, ch)
-	if err != nil {
-		return nil
-	}
-	defer sub.Unsubscribe()
-	if err := nc.PublishRequest("$SRV.INFO."+name, inbox, nil); err != nil {
-		return nil
-	}
-	var out []micro.Info
-	timer := time.NewTimer(quiet)
-	defer timer.Stop()
-	for len(out) < 64 {
-		select {
-		case m := <-ch:
-			var info micro.Info
-			if json.Unmarshal(m.Data, &info) == nil && info.Name == name {
-				out = append(out, info)
-			}
-			timer.Reset(quiet)
-		case <-timer.C:
-			return out
-		case <-ctx.Done():
-			return out
-		}
-	}
-	return out
 }

@@ -143,8 +143,8 @@ func Follow(nc *nats.Conn, host, sid string, fn func(data []byte)) (*nats.Subscr
 	}
 	subject := AnyHostOut(sid)
 	if host != "" {
-		if strings.ContainsAny(host, ".*> \t\r\n") {
-			return nil, fmt.Errorf("stream: %q is not a host name", host)
+		if err := validHost(host); err != nil {
+			return nil, err
 		}
 		subject = OutSubject(host, sid)
 	}
@@ -162,6 +162,14 @@ func Follow(nc *nats.Conn, host, sid string, fn func(data []byte)) (*nats.Subscr
 			fn(m.Data)
 		}
 	})
+}
+
+// validHost checks that host is one subject token, as a host name in a session's subjects must be.
+func validHost(host string) error {
+	if strings.ContainsAny(host, ".*> \t\r\n") {
+		return fmt.Errorf("stream: %q is not a host name", host)
+	}
+	return nil
 }
 
 // hostOf is the host token of subject, a session sid's .out on some host ("" if it is not).
@@ -309,10 +317,8 @@ func (s *Session) Bind(host string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var err error
-	if strings.ContainsAny(host, ".*> \t\r\n") {
-		err = fmt.Errorf("stream: %q is not a host name", host)
-	} else if peer := hostOf(s.recv, s.sid); peer != "" && peer != host {
+	err := validHost(host)
+	if peer := hostOf(s.recv, s.sid); err == nil && peer != "" && peer != host {
 		err = fmt.Errorf("stream: session %s is served by host %s, but host %s spoke on it first", s.sid, host, peer)
 	}
 	if err != nil { // nothing the wrong host sent is read
